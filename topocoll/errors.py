@@ -1,0 +1,32 @@
+"""Exception types of topocoll.
+
+User errors (bad files, bad arguments) raise a subclass of :class:`TopocollError`; each also
+subclasses the builtin it resembles so that callers catching ``ValueError`` keep working. The
+CLI turns any ``TopocollError`` into one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+
+class TopocollError(Exception):
+    """Base class of every error topocoll raises on purpose."""
+
+
+class TopologyError(TopocollError, ValueError):
+    """A topology violates the model: bad bandwidth, unknown endpoint, duplicate rank, ..."""
+
+
+class FormatError(TopocollError, ValueError):
+    """A file cannot be parsed; the message names the file and the element or line."""
+
+
+class ScheduleError(TopocollError, ValueError):
+    """A schedule is malformed or does not fit its topology."""
+
+
+class SolverError(TopocollError, RuntimeError):
+    """Synthesis was asked for something impossible (e.g. ranks that cannot reach each other)."""
+
+
+class CollectiveError(TopocollError, RuntimeError):
+    """A collective failed at run time: mismatched inputs across ranks, a dead peer, a timeout."""

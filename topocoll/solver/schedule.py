@@ -1,0 +1,283 @@
+"""The schedule IR (contract 2 of the design, ``topocoll.schedule/1``).
+
+A :class:`Schedule` names the collective, the topology nodes its ranks run on, how the buffer is
+cut into chunks, and a list of steps. Transfers inside one step run concurrently and read the
+values as they were before the step; ``REDUCE`` adds the sender's chunk into the receiver's,
+``COPY`` overwrites it. ``path`` spells out the physical route through the topology.
+
+This module only defines the records and their JSON form; :mod:`topocoll.solver.verify` checks
+that a schedule is correct.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from topocoll.errors import ScheduleError
+
+FORMAT = "topocoll.schedule/1"
+
+
+class Collective(str, enum.Enum):
+    """The collectives topocoll synthesizes."""
+
+    ALLREDUCE = "allreduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+
+    @property
+    def is_rooted(self) -> bool:
+        """Broadcast and reduce have a root rank."""
+        return self in (Collective.BROADCAST, Collective.REDUCE)
+
+    @classmethod
+    def parse(cls, text: str) -> "Collective":
+        """Accept ``allreduce``, ``all_reduce``, ``all-reduce``, ``reducescatter`` and friends."""
+        key = str(text).lower().replace("-", "").replace("_", "")
+        for member in cls:
+            if member.value.replace("_", "") == key:
+                return member
+        allowed = ", ".join(m.value for m in cls)
+        raise ScheduleError(f"unknown collective {text!r}; expected one of {allowed}")
+
+
+class Op(str, enum.Enum):
+    """What a transfer does at the receiver."""
+
+    COPY = "copy"
+    REDUCE = "reduce"
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A contiguous fraction ``[offset, offset + size)`` of the buffer (fractions in [0, 1])."""
+
+    id: int
+    offset: float
+    size: float
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.offset <= 1.0 and 0.0 < self.size <= 1.0 + 1e-12):
+            raise ScheduleError(f"chunk {self.id}: offset {self.offset} / size {self.size} outside [0, 1]")
+
+    @property
+    def end(self) -> float:
+        """``offset + size``."""
+        return self.offset + self.size
+
+    def bounds(self, count: int) -> tuple[int, int]:
+        """Element range ``[start, stop)`` of this chunk in a buffer of ``count`` elements."""
+        return round(self.offset * count), round(self.end * count)
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Send chunk ``chunk`` from rank ``src`` to rank ``dst`` along ``path``."""
+
+    src: int
+    dst: int
+    chunk: int
+    op: Op
+    path: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.src == self.dst:
+            raise ScheduleError(f"transfer of chunk {self.chunk}: source and destination are both rank {self.src}")
+        if len(self.path) < 2:
+            raise ScheduleError(f"transfer {self.src}->{self.dst} chunk {self.chunk}: path needs at least two nodes")
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A complete schedule for one collective over a set of ranks.
+
+    Parameters
+    ----------
+    collective : Collective
+    ranks : tuple of str
+        ``ranks[i]`` is the topology node rank ``i`` runs on.
+    root : int or None
+        Root rank for broadcast and reduce, else None.
+    topology_digest : str
+        :meth:`topocoll.topo.model.Topology.digest` of the topology it was made for.
+    chunks : tuple of Chunk
+        Cover ``[0, 1)`` exactly once, sorted by offset.
+    steps : tuple of tuple of Transfer
+    name : str
+        Which algorithm produced it (``"lp"``, ``"ring"``, ...), for reports.
+    """
+
+    collective: Collective
+    ranks: tuple[str, ...]
+    root: int | None
+    topology_digest: str
+    chunks: tuple[Chunk, ...]
+    steps: tuple[tuple[Transfer, ...], ...]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.ranks)
+        if len(set(self.ranks)) != n:
+            raise ScheduleError("schedule ranks must be distinct topology nodes")
+        if self.collective.is_rooted:
+            if self.root is None or not (0 <= self.root < n):
+                raise ScheduleError(f"{self.collective.value}: root must be a rank in 0..{n - 1}, got {self.root}")
+        ids = [c.id for c in self.chunks]
+        if len(set(ids)) != len(ids):
+            raise ScheduleError("chunk ids must be unique")
+        position = 0.0
+        for chunk in sorted(self.chunks, key=lambda c: c.offset):
+            if not math.isclose(chunk.offset, position, abs_tol=1e-9):
+                raise ScheduleError(f"chunk {chunk.id} starts at {chunk.offset}, expected {position}: chunks must tile [0, 1)")
+            position = chunk.end
+        if self.chunks and not math.isclose(position, 1.0, abs_tol=1e-9):
+            raise ScheduleError(f"chunks end at {position}, expected 1: chunks must tile [0, 1)")
+        known = set(ids)
+        for s, step in enumerate(self.steps):
+            for t in step:
+                if t.chunk not in known:
+                    raise ScheduleError(f"step {s}: transfer {t.src}->{t.dst} names unknown chunk {t.chunk}")
+                if not (0 <= t.src < n and 0 <= t.dst < n):
+                    raise ScheduleError(f"step {s}: transfer {t.src}->{t.dst} names a rank outside 0..{n - 1}")
+                if t.path[0] != self.ranks[t.src] or t.path[-1] != self.ranks[t.dst]:
+                    raise ScheduleError(
+                        f"step {s}: transfer {t.src}->{t.dst} path {'-'.join(t.path)} must run "
+                        f"from {self.ranks[t.src]} to {self.ranks[t.dst]}"
+                    )
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+    def chunk_map(self) -> dict[int, Chunk]:
+        """Chunks by id."""
+        return {c.id: c for c in self.chunks}
+
+    def owner(self, chunk: Chunk) -> int:
+        """For allgather / reduce-scatter: the rank whose shard contains ``chunk``."""
+        n = len(self.ranks)
+        return min(n - 1, int(math.floor(chunk.offset * n + 1e-9)))
+
+    def transfer_count(self) -> int:
+        """Total number of transfers."""
+        return sum(len(step) for step in self.steps)
+
+    # ------------------------------------------------------------------------------ JSON
+    def to_json_dict(self) -> dict[str, Any]:
+        """Contract-2 JSON data."""
+        return {
+            "format": FORMAT,
+            "collective": self.collective.value,
+            "name": self.name,
+            "ranks": list(self.ranks),
+            "root": self.root,
+            "topology_digest": self.topology_digest,
+            "chunks": [{"id": c.id, "offset": c.offset, "size": c.size} for c in self.chunks],
+            "steps": [
+                [
+                    {"src": t.src, "dst": t.dst, "chunk": t.chunk, "op": t.op.value, "path": list(t.path)}
+                    for t in step
+                ]
+                for step in self.steps
+            ],
+        }
+
+    def to_json(self) -> str:
+        """Canonical JSON text."""
+        return json.dumps(self.to_json_dict(), sort_keys=True, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_json_dict(cls, data: Any, source: str = "<schedule>") -> "Schedule":
+        """Parse contract-2 data; every error names ``source`` and the element."""
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"{source}: expected a JSON object")
+        if data.get("format") != FORMAT:
+            raise ScheduleError(f"{source}: format must be {FORMAT!r}, got {data.get('format')!r}")
+        try:
+            collective = Collective.parse(data["collective"])
+            ranks = tuple(_strings(data["ranks"], "ranks"))
+            root = data.get("root")
+            if root is not None and (isinstance(root, bool) or not isinstance(root, int)):
+                raise ScheduleError(f"root must be an integer, got {root!r}")
+            chunks = tuple(
+                Chunk(_int(c["id"], f"chunks[{i}].id"), _num(c["offset"], f"chunks[{i}].offset"), _num(c["size"], f"chunks[{i}].size"))
+                for i, c in enumerate(_list(data["chunks"], "chunks"))
+            )
+            steps = tuple(
+                tuple(_transfer(t, f"steps[{s}][{k}]") for k, t in enumerate(_list(step, f"steps[{s}]")))
+                for s, step in enumerate(_list(data["steps"], "steps"))
+            )
+            return cls(
+                collective=collective,
+                ranks=ranks,
+                root=root if collective.is_rooted else None,
+                topology_digest=str(data.get("topology_digest", "")),
+                chunks=chunks,
+                steps=steps,
+                name=str(data.get("name", "")),
+            )
+        except KeyError as exc:
+            raise ScheduleError(f"{source}: missing field {exc.args[0]!r}") from None
+        except (TypeError, ScheduleError) as exc:
+            raise ScheduleError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<schedule>") -> "Schedule":
+        """Parse contract-2 JSON text."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScheduleError(f"{source}: line {exc.lineno}: malformed JSON: {exc.msg}") from None
+        return cls.from_json_dict(data, source)
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise ScheduleError(f"{where} must be a list")
+    return value
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    items = _list(value, where)
+    if not all(isinstance(v, str) for v in items):
+        raise ScheduleError(f"{where} must be a list of strings")
+    return items
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScheduleError(f"{where} must be an integer, got {value!r}")
+    return value
+
+
+def _num(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ScheduleError(f"{where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _transfer(entry: Any, where: str) -> Transfer:
+    if not isinstance(entry, Mapping):
+        raise ScheduleError(f"{where} must be an object")
+    try:
+        op = Op(entry["op"])
+    except ValueError:
+        raise ScheduleError(f"{where}.op must be 'copy' or 'reduce', got {entry['op']!r}") from None
+    try:
+        return Transfer(
+            _int(entry["src"], f"{where}.src"),
+            _int(entry["dst"], f"{where}.dst"),
+            _int(entry["chunk"], f"{where}.chunk"),
+            op,
+            tuple(_strings(entry["path"], f"{where}.path")),
+        )
+    except ScheduleError as exc:
+        raise ScheduleError(f"{where}: {exc}") from None

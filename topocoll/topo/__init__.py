@@ -1,0 +1,1 @@
+"""topocoll.topo"""
