@@ -22,9 +22,18 @@ xGMI / Infinity Fabric
     (64 GB/s per direction).
 SMP (inter-socket)
     NCCL's effective figures (``src/graph/topo.h``: ``SKL_QPI_BW`` 10 GB/s for Intel
-    Skylake and later, ``BDW_QPI_BW`` 6 GB/s for older Intel, ``AMD_BW`` 16 GB/s).
+    Skylake and later, ``BDW_QPI_BW`` 6 GB/s for older Intel, ``SRP_QPI_BW`` 22 GB/s for
+    Sapphire Rapids, ``AMD_BW`` 16 GB/s).
 Network
     The NIC's reported speed: NCCL XML gives ``speed`` in Mbit/s; bytes/s = speed * 1e6 / 8.
+    Named InfiniBand rates (4x ports) from the InfiniBand Trade Association roadmap: EDR
+    100 Gb/s, HDR 200 Gb/s, NDR 400 Gb/s, XDR 800 Gb/s.
+Shared memory (fallback)
+    With nothing known about a host, ranks exchange data through host memory. NCCL models
+    such paths with its effective PCIe figure (``PCI_BW`` 12 GB/s, "PCI Gen3 x16", in
+    ``src/graph/topo.h``); we use the same figure. In a flat topology every link is equal, so
+    the figure scales predicted times without changing which schedule is best; probing
+    replaces it with a measured one.
 Latency
     NCCL's per-hop hardware latencies of the LL protocol (``src/graph/tuning.cc``,
     ``hwLat``): NVLink 0.6 us, PCI 1.0 us, network 2.7 us (ring). Shared memory and loopback
@@ -74,7 +83,13 @@ PCIE_ENCODING: dict[int, float] = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 
 XGMI_BW_BYTES_PER_S: dict[str, float] = {"MI250": 50 * GB, "MI300": 64 * GB}
 
 #: Inter-socket bandwidth (NCCL's effective figures).
-SMP_BW_BYTES_PER_S: dict[str, float] = {"intel": 10 * GB, "intel_old": 6 * GB, "amd": 16 * GB}
+SMP_BW_BYTES_PER_S: dict[str, float] = {"intel": 10 * GB, "intel_old": 6 * GB, "intel_spr": 22 * GB, "amd": 16 * GB}
+
+#: Port speed of the named InfiniBand rates (4x ports), bits per second.
+IB_SPEED_BITS_PER_S: dict[str, float] = {"EDR": 100e9, "HDR": 200e9, "NDR": 400e9, "XDR": 800e9}
+
+#: Bandwidth assumed for a shared-memory link when nothing better is known (NCCL's PCI_BW).
+SHM_BW_BYTES_PER_S = 12 * GB
 
 #: Per-link latency by link kind.
 LATENCY_S: dict[LinkKind, float] = {
@@ -151,3 +166,112 @@ def xgmi_bw_bytes_per_s(family: str = "MI300") -> float:
 def latency_s(kind: LinkKind) -> float:
     """Default one-hop latency of a link of ``kind``."""
     return LATENCY_S[kind]
+
+
+# ------------------------------------------------------------------------------------------
+# Defaults and look-ups used by the file importers (NCCL XML, nvidia-smi, rocm-smi).
+
+#: PCIe link assumed when a file gives no (or an unreadable) speed or width. NCCL does the same:
+#: ``kvDictPciGen`` in ``src/graph/topo.cc`` falls back to 60 (x100 Mbit/s per lane, i.e.
+#: 8 GT/s, Gen3) and ``ncclTopoAddPci`` replaces a width of 0 by 16 lanes.
+PCIE_DEFAULT_GENERATION = 3
+PCIE_DEFAULT_WIDTH = 16
+
+#: Lane counts tried, in order, when a bandwidth is turned back into ``link_width``: x16 first
+#: because GPUs and NICs use it (the PCI-SIG base specification allows x1 to x32).
+PCIE_WIDTHS_PREFERRED: tuple[int, ...] = (16, 8, 4, 32, 2, 1)
+
+#: NVLink generation assumed by text formats that give a link count (``NV4``) but no GPU model.
+#: Generations 2, 3 and 4 (V100, A100, H100) share the 25 GB/s per-link figure of
+#: :data:`NVLINK_BW_BYTES_PER_S`, so the choice among them does not change any bandwidth.
+NVLINK_DEFAULT_GENERATION = 3
+
+#: The most NVLinks one GPU has: 18 on H100 and B200 (NVIDIA H100 and Blackwell whitepapers).
+#: More links than this between one GPU and its peers means the links go through NVSwitches.
+MAX_NVLINKS_PER_GPU = 18
+
+#: xGMI family by AMD Instinct product name (MI308X and MI325X are MI300-series, CDNA 3 parts).
+XGMI_FAMILY_BY_NAME: tuple[tuple[str, str], ...] = (
+    ("MI210", "MI250"),
+    ("MI250", "MI250"),
+    ("MI300", "MI300"),
+    ("MI308", "MI300"),
+    ("MI325", "MI300"),
+)
+
+#: xGMI family assumed when the text names no product (the newest family in the table).
+XGMI_DEFAULT_FAMILY = "MI300"
+
+#: Intel family 6 models from which NCCL (``ncclTopoGetInterCpuBw`` and the CPU model
+#: detection in ``src/graph/topo.cc``) uses its Skylake figure (0x55) and its Sapphire Rapids
+#: figure (0x8F).
+INTEL_FAMILY = 6
+INTEL_SKYLAKE_FIRST_MODEL = 0x55
+INTEL_SAPPHIRE_RAPIDS_FIRST_MODEL = 0x8F
+
+#: Inter-socket bandwidth of non-x86 CPUs by ``arch`` (NCCL ``src/graph/topo.h``: ``P9_BW`` 32 GB/s
+#: for POWER, ``ARM_BW`` 6 GB/s for Arm); NCCL uses them whatever the vendor.
+SMP_BW_BY_ARCH_BYTES_PER_S: dict[str, float] = {"ppc64": 32 * GB, "ppc64le": 32 * GB, "arm64": 6 * GB, "aarch64": 6 * GB}
+
+#: Inter-socket figure assumed when the CPU vendor is unknown: NCCL's Skylake-and-later Intel
+#: figure, the most common server CPU in published topology files.
+SMP_DEFAULT_KEY = "intel"
+
+
+def smp_bw_for_cpu(
+    vendor: str | None, family: int | None = None, model: int | None = None, arch: str | None = None
+) -> float | None:
+    """Inter-socket bandwidth for a CPU as NCCL XML describes it, or None when unknown.
+
+    Parameters
+    ----------
+    vendor : str or None
+        ``GenuineIntel`` or ``AuthenticAMD`` (the ``vendor`` attribute of ``<cpu>``).
+    family, model : int, optional
+        ``familyid`` and ``modelid``; they tell Intel generations apart.
+    arch : str, optional
+        ``arch`` attribute (``x86_64``, ``arm64``, ``ppc64``); POWER and Arm have their own figures.
+
+    Returns
+    -------
+    float or None
+        Bytes per second in one direction, following NCCL's choice of figure; None for
+        vendors NCCL has no figure for (the caller picks a default and says so).
+    """
+    if arch is not None and arch.strip().lower() in SMP_BW_BY_ARCH_BYTES_PER_S:
+        return SMP_BW_BY_ARCH_BYTES_PER_S[arch.strip().lower()]
+    if vendor is None:
+        return None
+    key = vendor.strip().lower()
+    if "amd" in key:
+        return SMP_BW_BYTES_PER_S["amd"]
+    if "intel" in key:
+        if family == INTEL_FAMILY and model is not None:
+            if model >= INTEL_SAPPHIRE_RAPIDS_FIRST_MODEL and "intel_spr" in SMP_BW_BYTES_PER_S:
+                return SMP_BW_BYTES_PER_S["intel_spr"]
+            if model < INTEL_SKYLAKE_FIRST_MODEL:
+                return SMP_BW_BYTES_PER_S["intel_old"]
+        return SMP_BW_BYTES_PER_S["intel"]
+    return None
+
+
+def pcie_link_for_bw(bw_bytes_per_s: float) -> tuple[int, int] | None:
+    """The (generation, width) whose bandwidth is exactly ``bw_bytes_per_s``, or None.
+
+    Several pairs can share a figure (Gen4 x8 equals Gen3 x16); the widest usual width wins,
+    following :data:`PCIE_WIDTHS_PREFERRED`, then the newest generation.
+    """
+    for width in PCIE_WIDTHS_PREFERRED:
+        for generation in sorted(PCIE_RATE_GT_PER_S, reverse=True):
+            if pcie_bw_bytes_per_s(generation, width) == bw_bytes_per_s:
+                return generation, width
+    return None
+
+
+def xgmi_family_for_name(text: str) -> str | None:
+    """xGMI family (a key of :data:`XGMI_BW_BYTES_PER_S`) named anywhere in ``text``, or None."""
+    upper = text.upper()
+    for product, family in XGMI_FAMILY_BY_NAME:
+        if re.search(rf"(?<![A-Z0-9]){product}", upper):
+            return family
+    return None

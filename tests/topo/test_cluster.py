@@ -1,0 +1,161 @@
+"""The multi-node cluster generator: structure, ratios, connectivity and scale."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import networkx as nx
+import pytest
+
+from topocoll.errors import TopologyError
+from topocoll.topo.cluster import DEFAULT_SWITCH_RADIX, make_cluster
+from topocoll.topo.model import LinkKind, NodeKind, Topology
+from topocoll.topo.presets import PRESETS, build_preset
+
+
+def _leaves(topo: Topology) -> list[str]:
+    return [n.id for n in topo.nodes_of(NodeKind.NET_SWITCH) if n.id.startswith("leaf")]
+
+
+def _spines(topo: Topology) -> list[str]:
+    return [n.id for n in topo.nodes_of(NodeKind.NET_SWITCH) if n.id.startswith("spine")]
+
+
+def _down_up(topo: Topology, leaf: str) -> tuple[float, float]:
+    down = sum(l.bw_bytes_per_s for l in topo.links if l.dst == leaf and topo.node(l.src).kind is NodeKind.NIC)
+    up = sum(l.bw_bytes_per_s for l in topo.links if l.src == leaf and l.dst.startswith("spine"))
+    return down, up
+
+
+def test_rail_two_nodes():
+    topo = make_cluster("dgx-h100", 2)
+    counts = topo.summary_counts()
+    single = build_preset("dgx-h100").summary_counts()
+    for kind in ("gpu", "nic", "cpu", "nvswitch", "pcie_switch"):
+        assert counts[kind] == 2 * single[kind]
+    assert _leaves(topo) == [f"leaf{i}" for i in range(8)] and not _spines(topo)
+    for rail in range(8):
+        attached = sorted(l.src for l in topo.links if l.dst == f"leaf{rail}")
+        assert attached == [f"n0.nic{rail}", f"n1.nic{rail}"]
+    # NDR adapters: 400 Gbit/s = 50 GB/s each way
+    assert topo.link("n1.nic3", "leaf3").bw_bytes_per_s == pytest.approx(400e9 / 8)
+    assert topo.link("n1.nic3", "leaf3").kind is LinkKind.NET
+
+
+def test_ids_hosts_and_node_major_ranks():
+    topo = make_cluster("dgx-a100", 3, network="fat-tree")
+    for node in topo.nodes:
+        if node.kind is NodeKind.NET_SWITCH:
+            assert node.host_id is None
+        else:
+            k, _, local = node.id.partition(".")
+            assert node.host_id == k and k in ("n0", "n1", "n2") and local
+    assert topo.compute_nodes() == tuple(f"n{k}.gpu{i}" for k in range(3) for i in range(8))
+    assert [topo.node(n).rank for n in topo.compute_nodes()] == list(range(24))
+    # inside each machine, the preset's own wiring
+    one = build_preset("dgx-a100")
+    for link in one.links:
+        copy = topo.link(f"n2.{link.src}", f"n2.{link.dst}")
+        assert (copy.kind, copy.bw_bytes_per_s, copy.count) == (link.kind, link.bw_bytes_per_s, link.count)
+
+
+def test_single_node_is_the_plain_preset():
+    assert make_cluster("mi300x", 1).digest() == build_preset("mi300x").digest()
+
+
+def test_fat_tree_oversubscription_ratio_in_bandwidth():
+    radix, ratio = 16, 3.0
+    topo = make_cluster("dgx-h100", 4, network="fat-tree", oversubscription=ratio, switch_radix=radix)
+    nics = 4 * 8
+    down_ports = math.floor(radix * ratio / (1 + ratio))  # 12 machine ports, 4 uplinks
+    leaves, spines = _leaves(topo), _spines(topo)
+    assert len(leaves) == math.ceil(nics / down_ports) == 3
+    assert len(spines) == radix - down_ports == 4
+    attached = [l.src for l in topo.links if l.dst.startswith("leaf") and l.src.endswith(tuple(f"nic{i}" for i in range(8)))]
+    assert len(attached) == nics and len(set(attached)) == nics
+    for leaf in leaves:
+        down, up = _down_up(topo, leaf)
+        assert down / up == pytest.approx(ratio)
+        assert {l.dst for l in topo.links if l.src == leaf and l.dst.startswith("spine")} == set(spines)
+        assert down <= down_ports * 50e9 + 1
+
+
+def test_fat_tree_non_blocking_by_default():
+    topo = make_cluster("dgx-a100", 8, network="fat-tree", switch_radix=16)
+    assert _spines(topo)
+    for leaf in _leaves(topo):
+        down, up = _down_up(topo, leaf)
+        assert up == pytest.approx(down)
+
+
+def test_small_fat_tree_fits_one_switch():
+    topo = make_cluster("dgx-h100", 2, network="fat-tree")
+    assert _leaves(topo) == ["leaf0"] and not _spines(topo)
+    assert len([l for l in topo.links if l.dst == "leaf0"]) == 16
+
+
+def test_rail_split_over_leaves_gets_spines():
+    radix = 8
+    topo = make_cluster("pcie-8gpu", 10, network="rail", switch_radix=radix)
+    rails = PRESETS["pcie-8gpu"].nics
+    down_ports = radix // 2
+    per_rail = math.ceil(10 / down_ports)
+    assert len(_leaves(topo)) == rails * per_rail
+    assert len(_spines(topo)) == radix - down_ports
+    # each leaf holds NICs of one rail only
+    for leaf in _leaves(topo):
+        rails_here = {l.src.rsplit("nic", 1)[1] for l in topo.links if l.dst == leaf and "nic" in l.src}
+        assert len(rails_here) == 1
+    # the network alone joins every leaf to every other one (without going through machines)
+    fabric = topo.graph.subgraph([n.id for n in topo.nodes_of(NodeKind.NET_SWITCH)])
+    assert nx.is_strongly_connected(fabric)
+
+
+def test_whole_cluster_is_strongly_connected():
+    for network in ("rail", "fat-tree"):
+        topo = make_cluster("dgx1-v100", 5, network=network, switch_radix=4)
+        assert nx.is_strongly_connected(topo.graph)
+
+
+def test_nic_options():
+    topo = make_cluster("dgx-h100", 2, nics_per_node=4, nic_bw_bytes_per_s=25e9)
+    assert len(_leaves(topo)) == 4
+    assert len(topo.nodes_of(NodeKind.NIC)) == 8
+    for link in topo.links:
+        if link.kind is LinkKind.NET:
+            assert link.bw_bytes_per_s == 25e9
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"preset": "dgx-9000", "nodes": 2}, "unknown preset"),
+        ({"preset": "dgx-h100", "nodes": 0}, "nodes"),
+        ({"preset": "dgx-h100", "nodes": 2.5}, "nodes"),
+        ({"preset": "dgx-h100", "nodes": 2, "nics_per_node": 0}, "nics_per_node"),
+        ({"preset": "dgx-h100", "nodes": 2, "network": "torus"}, "unknown network 'torus'"),
+        ({"preset": "dgx-h100", "nodes": 2, "oversubscription": 0.0}, "oversubscription"),
+        ({"preset": "dgx-h100", "nodes": 2, "oversubscription": float("nan")}, "oversubscription"),
+        ({"preset": "dgx-h100", "nodes": 2, "nic_bw_bytes_per_s": float("inf")}, "nic_bw_bytes_per_s"),
+        ({"preset": "dgx-h100", "nodes": 2, "nic_bw_bytes_per_s": -1.0}, "nic_bw_bytes_per_s"),
+        ({"preset": "dgx-h100", "nodes": 2, "switch_radix": 1}, "switch_radix"),
+    ],
+)
+def test_invalid_arguments(kwargs, message):
+    with pytest.raises(TopologyError, match=message):
+        make_cluster(**kwargs)
+
+
+@pytest.mark.parametrize("network", ["rail", "fat-tree"])
+def test_1024_gpus_build_quickly(network):
+    start = time.process_time()
+    topo = make_cluster("dgx-h100", 128, network=network)
+    elapsed = time.process_time() - start
+    assert elapsed < 2.0, f"{elapsed:.2f} s CPU"
+    assert len(topo.nodes_of(NodeKind.GPU)) == 1024
+    assert [topo.node(n).rank for n in topo.compute_nodes()] == list(range(1024))
+    # 1024 NICs on leaves of DEFAULT_SWITCH_RADIX ports, half of them towards the spines
+    down_ports = DEFAULT_SWITCH_RADIX // 2
+    assert len(_leaves(topo)) == 1024 // down_ports
+    assert len(_spines(topo)) == DEFAULT_SWITCH_RADIX - down_ports

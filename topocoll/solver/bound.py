@@ -1,0 +1,253 @@
+"""The cut bound: the fastest any schedule can run a collective on a topology.
+
+For allgather of a total output of ``M`` bytes over ``N`` ranks (DESIGN.md, "Measures")::
+
+    T >= (M / N) * max over node sets S holding a rank of |ranks outside S| / B_in(S)
+
+Equivalently, a per-rank shard rate ``x`` (bytes/s of each rank's shard) is feasible iff for
+every rank ``v`` a max-flow from a super source ``s`` (an arc ``s -> u`` of capacity ``x`` to
+every rank ``u``) to ``v`` carries ``N * x``: a cut separating ``s`` from ``v`` with ``S`` on
+``v``'s side has capacity ``B_in(S) + x * |ranks in S|``. We find the largest feasible ``x`` by
+a Dinkelbach iteration: start from the single-rank cuts, and whenever some ``v`` falls short,
+read the violated set ``S`` off the residual graph and set ``x = B_in(S) / |ranks outside S|``.
+``x`` only decreases and each step lands on a real cut, so the result is exact after a few
+max-flows per rank. Reduce-scatter is the same on the reversed graph; the allreduce reference
+is reduce-scatter plus allgather. Broadcast from a root is bounded by the smallest max-flow
+from the root to any rank (reduce: on the reversed graph).
+
+Compute nodes that are not among the ranks are left out of the graph: no program runs on them,
+so nothing can be forwarded through them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+from topocoll.errors import SolverError
+from topocoll.solver.schedule import Collective
+from topocoll.topo.model import Topology
+
+#: Integer capacities handed to the max-flow code are scaled so the largest is this big;
+#: scipy's max-flow works on 32-bit integers, and 1e9 keeps the relative rounding below 1e-8.
+_INT_SCALE_MAX = 1_000_000_000
+#: Relative slack when comparing a max-flow value to a demand (covers the integer rounding).
+_REL_TOL = 1e-7
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The cut bound of one collective on one set of ranks.
+
+    Attributes
+    ----------
+    collective : Collective
+    ranks : tuple of str
+        Topology nodes of the ranks.
+    time_per_byte_s : float
+        Lower bound on the time per byte of the collective's size ``M`` (total output for
+        allgather, total input for reduce-scatter, the buffer for the others).
+    bottleneck : tuple of str
+        The binding node set ``S`` (for allreduce: of the allgather half), sorted.
+    root : int or None
+    """
+
+    collective: Collective
+    ranks: tuple[str, ...]
+    time_per_byte_s: float
+    bottleneck: tuple[str, ...]
+    root: int | None = None
+
+    def time_s(self, size_bytes: float) -> float:
+        """Least possible bandwidth time for a collective of ``size_bytes``."""
+        return self.time_per_byte_s * size_bytes
+
+    @property
+    def algbw_bytes_per_s(self) -> float:
+        """The best algorithm bandwidth (size / time) any schedule can reach."""
+        return 1.0 / self.time_per_byte_s
+
+
+class _FlowNetwork:
+    """The topology (minus non-rank compute nodes) as arrays, ready for repeated max-flows."""
+
+    def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool) -> None:
+        rank_set = set(ranks)
+        for node_id in ranks:
+            topology.node(node_id)  # raises for unknown nodes
+        keep = [n.id for n in topology.nodes if not n.kind.is_compute or n.id in rank_set]
+        self.index = {node_id: i for i, node_id in enumerate(keep)}
+        self.names = keep
+        src, dst, cap = [], [], []
+        for link in topology.links:
+            if link.src in self.index and link.dst in self.index:
+                a, b = self.index[link.src], self.index[link.dst]
+                if reverse:
+                    a, b = b, a
+                src.append(a)
+                dst.append(b)
+                cap.append(link.bw_bytes_per_s)
+        self.src = np.asarray(src, dtype=np.int64)
+        self.dst = np.asarray(dst, dtype=np.int64)
+        self.cap = np.asarray(cap, dtype=float)
+        self.ranks = np.asarray([self.index[r] for r in ranks], dtype=np.int64)
+        self.n = len(keep)
+
+    def in_capacity(self, members: np.ndarray) -> float:
+        """``B_in(S)`` for the boolean membership vector ``members`` of S."""
+        crossing = ~members[self.src] & members[self.dst]
+        return float(self.cap[crossing].sum())
+
+    def max_flow(self, source_caps: dict[int, float], sink: int) -> tuple[float, float, np.ndarray]:
+        """Max-flow from a super source (arcs to ``source_caps``' keys) to ``sink``.
+
+        Returns the flow value (in bytes/s), the largest error the integer rounding of the
+        capacities can cause in it, and the source side of a minimum cut as a boolean vector
+        over the network's nodes (the super source excluded).
+        """
+        s = self.n
+        extra_dst = np.fromiter(source_caps.keys(), dtype=np.int64, count=len(source_caps))
+        extra_cap = np.fromiter(source_caps.values(), dtype=float, count=len(source_caps))
+        all_src = np.concatenate([self.src, np.full(len(extra_dst), s, dtype=np.int64)])
+        all_dst = np.concatenate([self.dst, extra_dst])
+        all_cap = np.concatenate([self.cap, extra_cap])
+        scale = _INT_SCALE_MAX / max(float(all_cap.sum()), 1e-300)
+        int_cap = np.floor(all_cap * scale).astype(np.int32)
+        graph = csr_matrix((int_cap, (all_src, all_dst)), shape=(s + 1, s + 1))
+        graph.sum_duplicates()
+        result = maximum_flow(graph, s, sink, method="dinic")
+        # scipy returns an antisymmetric flow, so cap - flow is the residual in both directions.
+        residual = (graph - result.flow).tocsr()
+        residual.data[residual.data < 0] = 0
+        residual.eliminate_zeros()
+        reach = np.zeros(s + 1, dtype=bool)
+        reach[breadth_first_order(residual, s, directed=True, return_predecessors=False)] = True
+        return result.flow_value / scale, len(all_cap) / scale, reach[:s]
+
+
+def _check_ranks(topology: Topology, ranks: Sequence[str]) -> tuple[str, ...]:
+    ranks = tuple(ranks)
+    if len(ranks) < 2:
+        raise SolverError(f"a collective needs at least 2 ranks, got {len(ranks)}")
+    if len(set(ranks)) != len(ranks):
+        raise SolverError("ranks must be distinct topology nodes")
+    for node_id in ranks:
+        node = topology.node(node_id)
+        if not node.kind.is_compute:
+            raise SolverError(f"rank node {node_id} is a {node.kind.value}, not a gpu or host")
+    return ranks
+
+
+def _shard_rate(topology: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[float, tuple[str, ...]]:
+    """Largest feasible shard rate ``x`` and the binding set (see the module docstring)."""
+    net = _FlowNetwork(topology, ranks, reverse)
+    n_ranks = len(ranks)
+    # Start from the single-rank cuts S = {v}: x <= B_in({v}) / (N - 1).
+    best_x, best_set = math.inf, ()
+    for v in net.ranks:
+        members = np.zeros(net.n, dtype=bool)
+        members[v] = True
+        x = net.in_capacity(members) / (n_ranks - 1)
+        if x < best_x:
+            best_x, best_set = x, (net.names[v],)
+    if best_x <= 0:
+        raise SolverError(f"rank {best_set[0]} has no links {'out' if reverse else 'in'}: it cannot take part")
+    for v in net.ranks:
+        while True:
+            flow, slack, source_side = net.max_flow({int(u): best_x for u in net.ranks}, int(v))
+            if flow >= n_ranks * best_x * (1 - _REL_TOL) - slack:
+                break
+            members = ~source_side  # S: the sink's side
+            outside = int((~members[net.ranks]).sum())
+            if outside == 0:
+                break  # only the rounding made this cut look short
+            cut_x = net.in_capacity(members) / outside
+            if cut_x <= 0:
+                a, b = (net.names[v], ranks[0]) if not reverse else (ranks[0], net.names[v])
+                raise SolverError(f"ranks {a} and {b} cannot exchange data in this topology")
+            if cut_x >= best_x * (1 - _REL_TOL):
+                break  # rounding noise, not a tighter cut
+            best_x = cut_x
+            best_set = tuple(sorted(net.names[i] for i in np.flatnonzero(members)))
+    return best_x, best_set
+
+
+def _broadcast_rate(topology: Topology, ranks: tuple[str, ...], root: int, reverse: bool) -> tuple[float, tuple[str, ...]]:
+    net = _FlowNetwork(topology, ranks, reverse)
+    root_index = int(net.ranks[root])
+    best, best_set = math.inf, ()
+    for v in net.ranks:
+        if int(v) == root_index:
+            continue
+        flow, _, source_side = net.max_flow({root_index: float(net.cap.sum())}, int(v))
+        if flow <= 0:
+            raise SolverError(f"rank {net.names[v]} cannot be reached from root {ranks[root]}")
+        if flow < best:
+            best = flow
+            best_set = tuple(sorted(net.names[i] for i in np.flatnonzero(~source_side)))
+    return best, best_set
+
+
+def cut_bound(topology: Topology, collective: Collective, ranks: Sequence[str], root: int | None = None) -> Bound:
+    """The cut bound of ``collective`` over ``ranks`` on ``topology``.
+
+    Parameters
+    ----------
+    topology : Topology
+    collective : Collective
+    ranks : sequence of str
+        Topology nodes (gpu or host), one per rank, in rank order.
+    root : int, optional
+        Root rank for broadcast and reduce.
+
+    Returns
+    -------
+    Bound
+
+    Raises
+    ------
+    SolverError
+        Fewer than 2 ranks, non-compute rank nodes, a root outside the ranks, or ranks that
+        cannot reach each other.
+    TopologyError
+        A rank that is not a node of the topology.
+
+    Examples
+    --------
+    Two GPUs joined by one 25 GB/s link each way: an allgather of 2 GB moves 1 GB each way.
+
+    >>> from topocoll.topo.model import TopologyBuilder, Node, NodeKind, LinkKind
+    >>> b = TopologyBuilder()
+    >>> _ = b.add_node(Node("gpu0", NodeKind.GPU)); _ = b.add_node(Node("gpu1", NodeKind.GPU))
+    >>> b.add_link("gpu0", "gpu1", LinkKind.NVLINK, 25e9)
+    >>> cut_bound(b.build(), Collective.ALLGATHER, ["gpu0", "gpu1"]).time_s(2e9)
+    0.04
+    """
+    ranks = _check_ranks(topology, ranks)
+    n = len(ranks)
+    if collective.is_rooted:
+        if root is None or not (0 <= root < n):
+            raise SolverError(f"{collective.value}: root must be a rank in 0..{n - 1}, got {root}")
+        rate, binding = _broadcast_rate(topology, ranks, root, reverse=collective is Collective.REDUCE)
+        return Bound(collective, ranks, 1.0 / rate, binding, root)
+    if collective is Collective.ALLGATHER:
+        x, binding = _shard_rate(topology, ranks, reverse=False)
+        return Bound(collective, ranks, 1.0 / (n * x), binding)
+    if collective is Collective.REDUCE_SCATTER:
+        x, binding = _shard_rate(topology, ranks, reverse=True)
+        return Bound(collective, ranks, 1.0 / (n * x), binding)
+    gather = cut_bound(topology, Collective.ALLGATHER, ranks)
+    scatter = cut_bound(topology, Collective.REDUCE_SCATTER, ranks)
+    return Bound(collective, ranks, gather.time_per_byte_s + scatter.time_per_byte_s, gather.bottleneck)
+
+
+def bound_time_s(
+    topology: Topology, collective: Collective, ranks: Sequence[str], size_bytes: float, root: int | None = None
+) -> float:
+    """Shorthand: the bound's time for ``size_bytes`` (see :func:`cut_bound`)."""
+    return cut_bound(topology, collective, ranks, root).time_s(size_bytes)

@@ -1,0 +1,164 @@
+"""The one module that talks to the LP library (PuLP, over HiGHS or CBC).
+
+It solves the master problem of tree packing::
+
+    minimise    tau
+    subject to  sum of y_k over the columns k of group g  = 1      for every group g  (dual mu_g)
+                tau * cap_e - sum_k load_k(e) * y_k       >= 0      for every edge e   (dual pi_e >= 0)
+                y_k >= 0
+
+A column is a tree carrying a fraction ``y_k`` of its group's data (a group is a root's shard);
+``tau`` is the time to move one unit of every group. The duals price the next column
+(:mod:`topocoll.solver.synthesize`). The solver is always named explicitly: HiGHS through
+highspy by default, CBC as the fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pulp
+
+from topocoll.errors import SolverError
+
+log = logging.getLogger(__name__)
+
+
+class LPStatus(str, enum.Enum):
+    """Outcome of one LP solve."""
+
+    OPTIMAL = "optimal"
+    TIME_LIMIT = "time_limit"
+    INFEASIBLE = "infeasible"
+    ERROR = "error"
+
+
+SOLVERS = ("highs", "cbc")
+
+
+@dataclass(frozen=True, slots=True)
+class PackingColumn:
+    """One tree: its group and its load ``((edge_index, load), ...)`` on the edges."""
+
+    group: int
+    loads: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PackingSolution:
+    """Primal and dual solution of the packing master problem."""
+
+    status: LPStatus
+    tau: float
+    weights: tuple[float, ...]
+    group_duals: tuple[float, ...]
+    edge_duals: tuple[float, ...]
+    solver: str
+
+
+def available_solvers() -> tuple[str, ...]:
+    """Names (from :data:`SOLVERS`) of the LP solvers usable here, preferred first."""
+    names = set(pulp.listSolvers(onlyAvailable=True))
+    found = []
+    if "HiGHS" in names:
+        found.append("highs")
+    if "PULP_CBC_CMD" in names:
+        found.append("cbc")
+    return tuple(found)
+
+
+def _solver(name: str, time_limit_s: float | None) -> pulp.LpSolver:
+    if name == "highs":
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1)
+    if name == "cbc":
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+    raise SolverError(f"unknown LP solver {name!r}; choose one of {', '.join(SOLVERS)}")
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence the C library's banner, which HiGHS writes straight to file descriptor 1."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def solve_packing(
+    n_groups: int,
+    capacities: Sequence[float],
+    columns: Sequence[PackingColumn],
+    solver: str = "highs",
+    time_limit_s: float | None = None,
+) -> PackingSolution:
+    """Solve the packing master problem (see the module docstring).
+
+    Parameters
+    ----------
+    n_groups : int
+        Number of groups; every group needs at least one column.
+    capacities : sequence of float
+        Capacity of each edge, best normalised to about 1.
+    columns : sequence of PackingColumn
+    solver : {"highs", "cbc"}
+    time_limit_s : float, optional
+
+    Returns
+    -------
+    PackingSolution
+        ``status`` says whether the values can be trusted; duals are zero unless optimal.
+    """
+    problem = pulp.LpProblem("tree_packing", pulp.LpMinimize)
+    tau = pulp.LpVariable("tau", lowBound=0)
+    weights = [pulp.LpVariable(f"y{k}", lowBound=0) for k in range(len(columns))]
+    problem += tau
+    by_group: list[list[pulp.LpVariable]] = [[] for _ in range(n_groups)]
+    by_edge: dict[int, list[tuple[pulp.LpVariable, float]]] = {}
+    for var, column in zip(weights, columns):
+        by_group[column.group].append(var)
+        for edge, load in column.loads:
+            by_edge.setdefault(edge, []).append((var, -load))
+    for g, members in enumerate(by_group):
+        if not members:
+            raise SolverError(f"group {g} has no column")
+        problem += pulp.LpConstraint(pulp.LpAffineExpression([(v, 1.0) for v in members]), pulp.LpConstraintEQ, f"g{g}", 1.0)
+    for edge, terms in sorted(by_edge.items()):
+        expr = pulp.LpAffineExpression(terms + [(tau, capacities[edge])])
+        problem += pulp.LpConstraint(expr, pulp.LpConstraintGE, f"e{edge}", 0.0)
+    with _quiet_stdout():
+        code = problem.solve(_solver(solver, time_limit_s))
+    status_text = pulp.LpStatus.get(code, "Undefined")
+    if status_text == "Optimal":
+        status = LPStatus.OPTIMAL
+    elif status_text == "Infeasible":
+        status = LPStatus.INFEASIBLE
+    elif status_text == "Not Solved" and tau.value() is not None:
+        status = LPStatus.TIME_LIMIT
+    else:
+        status = LPStatus.ERROR
+    log.debug("packing LP (%s): %d columns, %d edges, status %s", solver, len(columns), len(by_edge), status.value)
+    if status is not LPStatus.OPTIMAL:
+        return PackingSolution(status, float(tau.value() or 0.0), tuple(float(v.value() or 0.0) for v in weights), (), (), solver)
+    group_duals = tuple(float(problem.constraints[f"g{g}"].pi or 0.0) for g in range(n_groups))
+    edge_duals = [0.0] * len(capacities)
+    for edge in by_edge:
+        edge_duals[edge] = max(0.0, float(problem.constraints[f"e{edge}"].pi or 0.0))
+    return PackingSolution(
+        status,
+        float(tau.value()),
+        tuple(max(0.0, float(v.value() or 0.0)) for v in weights),
+        group_duals,
+        tuple(edge_duals),
+        solver,
+    )

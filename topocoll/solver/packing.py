@@ -1,0 +1,405 @@
+"""Tree packing by column generation: the bandwidth-optimal core of synthesis.
+
+Every rank's data travels down trees (for allgather: one set of trees per rank, each tree
+spanning all ranks and carrying a fraction of that rank's shard). A tree's arcs join ranks;
+each arc is routed on a physical path through nodes that only forward (switches, NICs, CPUs,
+PCIe switches); ranks themselves relay by being inner nodes of a tree. Compute nodes that are
+not ranks are left out: no program runs there.
+
+The master LP (:mod:`topocoll.solver.lp`) weighs the known trees to minimise the time of the
+busiest link. Its edge duals price links; the cheapest new tree for a root is a minimum-cost
+arborescence over the complete graph of ranks whose arc costs
+are shortest dual-weighted paths (scipy's Dijkstra; the arborescence itself by a numpy
+Chu-Liu/Edmonds, see :func:`min_arborescence`). A tree whose price is below the root's
+dual improves the master; when none does, the packing is optimal over all such trees. On
+Eulerian topologies (full-duplex links) the optimum equals the cut bound (ForestColl), which
+also gives a stopping rule: stop as soon as the packing is within ``gap`` of the bound.
+
+All functions are pure except for reading a monotonic clock to honour the time limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components, dijkstra
+
+from topocoll.errors import SolverError
+from topocoll.solver import lp
+from topocoll.topo.model import Topology
+
+log = logging.getLogger(__name__)
+
+#: Rounds an unused tree stays in the master before it is dropped.
+_KEEP_UNUSED_ROUNDS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """A spanning tree over the ranks, rooted at ``root``.
+
+    Attributes
+    ----------
+    root : int
+        Rank index.
+    arcs : tuple of (int, int, tuple of str)
+        ``(parent, child, path)`` in breadth-first order; ``path`` runs parent -> child.
+    weight : float
+        Fraction of the root's data this tree carries (the weights of a root sum to 1).
+    """
+
+    root: int
+    arcs: tuple[tuple[int, int, tuple[str, ...]], ...]
+    weight: float
+
+    def depths(self) -> dict[int, int]:
+        """Depth of every rank (root 0)."""
+        depth = {self.root: 0}
+        for parent, child, _ in self.arcs:
+            depth[child] = depth[parent] + 1
+        return depth
+
+    @property
+    def height(self) -> int:
+        """Number of arc levels."""
+        return max(self.depths().values())
+
+    def reversed_paths(self) -> "Tree":
+        """The same tree with every path reversed (child -> parent routes)."""
+        return Tree(self.root, tuple((p, c, tuple(reversed(path))) for p, c, path in self.arcs), self.weight)
+
+
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """Result of :func:`pack_trees`.
+
+    Attributes
+    ----------
+    trees : tuple of Tree
+        Trees with positive weight, grouped by root.
+    time_per_unit_s : float
+        Bandwidth time to move one byte of every root's data through its trees.
+    optimal : bool
+        Column generation finished (no improving tree) or reached the target.
+    iterations : int
+    solver : str
+    """
+
+    trees: tuple[Tree, ...]
+    time_per_unit_s: float
+    optimal: bool
+    iterations: int
+    solver: str
+
+
+class _Network:
+    """Restricted topology as index arrays, with each rank split into an out- and in-copy."""
+
+    def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool) -> None:
+        rank_pos = {node_id: i for i, node_id in enumerate(ranks)}
+        keep = [n.id for n in topology.nodes if not n.kind.is_compute or n.id in rank_pos]
+        index = {node_id: i for i, node_id in enumerate(keep)}
+        self.names = keep
+        self.n = len(keep)
+        self.rank_index = np.asarray([index[r] for r in ranks], dtype=np.int64)
+        # In-copy of rank i: node n + i. Arcs into a rank land on its in-copy, which has no
+        # outgoing arcs, so routes never pass through a rank.
+        in_copy = {index[r]: self.n + i for i, r in enumerate(ranks)}
+        src, dst, cap, ends = [], [], [], []
+        for link in topology.links:
+            if link.src not in index or link.dst not in index:
+                continue
+            a, b = index[link.src], index[link.dst]
+            if reverse:
+                a, b = b, a
+            src.append(a)
+            dst.append(in_copy.get(b, b))
+            cap.append(link.bw_bytes_per_s)
+            ends.append((a, b))
+        self.src = np.asarray(src, dtype=np.int64)
+        self.dst = np.asarray(dst, dtype=np.int64)
+        self.cap = np.asarray(cap, dtype=float)
+        self.max_cap = float(self.cap.max()) if len(cap) else 1.0
+        self.norm_cap = self.cap / self.max_cap
+        self.edge_of = {(int(self.src[e]), int(self.dst[e])): e for e in range(len(src))}
+        self.reverse = reverse
+        self.size = self.n + len(ranks)
+
+    def routes(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shortest ``weights``-paths from every rank to every rank's in-copy.
+
+        Returns the cost matrix ``cost[i, j]`` (inf on the diagonal) and the predecessor
+        matrix of the Dijkstra runs.
+        """
+        graph = csr_matrix((weights, (self.src, self.dst)), shape=(self.size, self.size))
+        dist, pred = dijkstra(graph, directed=True, indices=self.rank_index, return_predecessors=True)
+        n_ranks = len(self.rank_index)
+        cost = dist[:, self.n : self.n + n_ranks].copy()
+        np.fill_diagonal(cost, np.inf)
+        return cost, pred
+
+    def path(self, pred: np.ndarray, i: int, j: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Edge indices and node names of the route from rank ``i`` to rank ``j``."""
+        target = self.n + j
+        nodes = [target]
+        row = pred[i]
+        while nodes[-1] != self.rank_index[i]:
+            prev = row[nodes[-1]]
+            if prev < 0:
+                raise SolverError("internal: broken route")
+            nodes.append(int(prev))
+        nodes.reverse()
+        edges = tuple(self.edge_of[(a, b)] for a, b in zip(nodes, nodes[1:]))
+        names = [self.names[k] if k < self.n else self.names[self.rank_index[k - self.n]] for k in nodes]
+        return edges, tuple(names)
+
+
+def min_arborescence(cost: np.ndarray, root: int) -> np.ndarray | None:
+    """Minimum-cost spanning arborescence of a dense cost matrix (Chu-Liu/Edmonds).
+
+    networkx implements the same algorithm over graph objects, which costs a quarter of a
+    second at 32 nodes; pricing calls this once per root and round, so it works on the matrix
+    with numpy instead (contracting all cycles of the cheapest in-arcs at once).
+
+    Parameters
+    ----------
+    cost : ndarray, shape (n, n)
+        ``cost[u, v]`` of arc u -> v; ``inf`` where there is no arc.
+    root : int
+
+    Returns
+    -------
+    ndarray of int or None
+        ``parent[v]`` for every node (``-1`` for the root), or None when some node cannot be
+        reached from the root.
+    """
+    n = cost.shape[0]
+    cost = cost.astype(float, copy=True)
+    cost[:, root] = np.inf
+    np.fill_diagonal(cost, np.inf)
+    pred = np.argmin(cost, axis=0)
+    best = cost[pred, np.arange(n)]
+    pred[root] = -1
+    best[root] = 0.0
+    if not np.all(np.isfinite(best)):
+        return None
+    # The cheapest in-arcs form a functional graph; its cycles are its non-trivial strongly
+    # connected components.
+    arcs = np.flatnonzero(pred >= 0)
+    functional = csr_matrix((np.ones(len(arcs)), (pred[arcs], arcs)), shape=(n, n))
+    _, label = connected_components(functional, directed=True, connection="strong")
+    sizes_by_label = np.bincount(label)
+    if sizes_by_label.max() == 1:
+        return pred
+    m = len(sizes_by_label)
+    in_cycle = sizes_by_label[label] > 1
+    # Entering a cycle at v replaces v's cycle arc: charge the difference.
+    adjusted = cost - np.where(in_cycle, best, 0.0)[None, :]
+    adjusted[label[:, None] == label[None, :]] = np.inf
+    order = np.argsort(label, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(label[order]) != 0])
+    sizes = np.diff(np.r_[starts, n])
+    permuted = adjusted[order][:, order]
+    column_min = np.minimum.reduceat(permuted, starts, axis=0)  # (component, node)
+    contracted = np.minimum.reduceat(column_min, starts, axis=1)
+    sub = min_arborescence(contracted, int(label[root]))
+    if sub is None:
+        return None
+    # For every (component, node): the first row of the component reaching column_min.
+    rows = np.broadcast_to(np.arange(n)[:, None], (n, n))
+    hits = np.where(permuted == np.repeat(column_min, sizes, axis=0), rows, n)
+    arg_row = np.minimum.reduceat(hits, starts, axis=0)
+    result = pred.copy()
+    chosen = np.flatnonzero(sub >= 0)
+    single = chosen[sizes[chosen] == 1]
+    v_single = starts[single]
+    result[order[v_single]] = order[arg_row[sub[single], v_single]]
+    for cv in chosen[sizes[chosen] > 1]:
+        cu = int(sub[cv])
+        lo, hi = starts[cv], starts[cv] + sizes[cv]
+        v_perm = lo + int(np.argmin(column_min[cu, lo:hi]))
+        result[order[v_perm]] = order[arg_row[cu, v_perm]]
+    result[root] = -1
+    return result
+
+
+def _arborescence(cost: np.ndarray, root: int) -> list[tuple[int, int]] | None:
+    """Minimum-cost spanning arborescence as (parent, child) pairs in breadth-first order."""
+    parent = min_arborescence(cost, root)
+    if parent is None:
+        return None
+    children: dict[int, list[int]] = {}
+    for v, u in enumerate(parent):
+        if u >= 0:
+            children.setdefault(int(u), []).append(v)
+    pairs, frontier = [], [root]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            for v in children.get(u, ()):
+                pairs.append((u, v))
+                nxt.append(v)
+        frontier = nxt
+    return pairs
+
+
+def pack_trees(
+    topology: Topology,
+    ranks: Sequence[str],
+    roots: Sequence[int],
+    *,
+    reverse: bool = False,
+    target_time_per_unit_s: float = 0.0,
+    gap: float = 1e-4,
+    solver: str = "highs",
+    time_limit_s: float = 60.0,
+    max_trees_per_root: int | None = None,
+) -> Packing:
+    """Pack spanning trees of the ranks, one family per root, minimising the busiest link.
+
+    Parameters
+    ----------
+    topology : Topology
+    ranks : sequence of str
+        Rank nodes.
+    roots : sequence of int
+        Ranks whose data is spread (all ranks for allgather, one for broadcast).
+    reverse : bool
+        Pack on the reversed graph (for reduce-scatter and reduce); the returned paths are
+        then in the reversed direction too (child -> parent in the original graph once
+        reversed with :meth:`Tree.reversed_paths`).
+    target_time_per_unit_s : float
+        A known lower bound (the cut bound); column generation stops within ``gap`` of it.
+    gap : float
+        Relative optimality gap at which to stop.
+    solver : str
+        LP solver name (see :data:`topocoll.solver.lp.SOLVERS`).
+    time_limit_s : float
+        Wall-clock budget; the best packing so far is returned when it runs out.
+    max_trees_per_root : int, optional
+        Keep at most this many trees per root (the heaviest, renormalised) in the result.
+
+    Returns
+    -------
+    Packing
+
+    Raises
+    ------
+    SolverError
+        Some rank cannot be reached from a root.
+    """
+    deadline = time.monotonic() + time_limit_s
+    net = _Network(topology, ranks, reverse)
+    n_ranks = len(ranks)
+    roots = list(roots)
+    group_of = {r: g for g, r in enumerate(roots)}
+    # Tiny per-hop cost: among equally priced routes prefer the shorter one (and keeps
+    # Dijkstra's weights strictly positive).
+    hop_cost = 1e-6
+
+    def make_tree(cost: np.ndarray, pred: np.ndarray, root: int) -> tuple[lp.PackingColumn, Tree, float] | None:
+        pairs = _arborescence(cost, root)
+        if pairs is None or len(pairs) != n_ranks - 1:
+            return None
+        loads: dict[int, float] = {}
+        arcs = []
+        price = 0.0
+        for parent, child in pairs:
+            edges, names = net.path(pred, parent, child)
+            price += cost[parent, child]
+            for e in edges:
+                loads[e] = loads.get(e, 0.0) + 1.0
+            arcs.append((parent, child, names))
+        return lp.PackingColumn(group_of[root], tuple(sorted(loads.items()))), Tree(root, tuple(arcs), 0.0), price
+
+    cost, pred = net.routes(np.full(len(net.cap), hop_cost))
+    columns: list[lp.PackingColumn] = []
+    trees: list[Tree] = []
+    for root in roots:
+        made = make_tree(cost, pred, root)
+        if made is None:
+            unreachable = [ranks[j] for j in range(n_ranks) if j != root and not np.isfinite(cost[:, j]).any()]
+            who = unreachable[0] if unreachable else "some rank"
+            raise SolverError(f"{who} cannot be reached from {ranks[root]} in this topology")
+        column, tree, _ = made
+        columns.append(column)
+        trees.append(tree)
+
+    iterations = 0
+    optimal = False
+    best: tuple[lp.PackingSolution, list[Tree]] | None = None
+    solver_used = solver
+    age = [0] * len(columns)
+    while True:
+        iterations += 1
+        remaining = max(1.0, deadline - time.monotonic())
+        solution = lp.solve_packing(len(roots), net.norm_cap, columns, solver=solver_used, time_limit_s=remaining)
+        if solution.status is lp.LPStatus.ERROR and solver_used == "highs":
+            log.warning("HiGHS failed on the packing LP; retrying with CBC")
+            solver_used = "cbc"
+            continue
+        if solution.status is not lp.LPStatus.OPTIMAL:
+            break
+        best = (solution, list(trees))
+        time_per_unit = solution.tau / net.max_cap
+        if target_time_per_unit_s > 0 and time_per_unit <= target_time_per_unit_s * (1 + gap):
+            optimal = True
+            break
+        if time.monotonic() > deadline:
+            break
+        # Keep the master small (PuLP rebuilds it every round): drop trees that carried
+        # nothing for a few rounds; pricing brings them back if they are needed again.
+        keep = [k for k in range(len(columns)) if solution.weights[k] > 0 or age[k] < _KEEP_UNUSED_ROUNDS]
+        columns = [columns[k] for k in keep]
+        trees = [trees[k] for k in keep]
+        age = [age[k] + 1 for k in keep]
+        present = {(c.group, c.loads) for c in columns}
+        weights = np.asarray(solution.edge_duals) + hop_cost
+        cost, pred = net.routes(weights)
+        added = 0
+        for root in roots:
+            made = make_tree(cost, pred, root)
+            if made is None:
+                continue
+            column, tree, price = made
+            true_price = price - hop_cost * sum(load for _, load in column.loads)
+            mu = solution.group_duals[group_of[root]]
+            key = (column.group, column.loads)
+            if true_price < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
+                columns.append(column)
+                trees.append(tree)
+                age.append(0)
+                present.add(key)
+                added += 1
+        log.info("column generation %d: time/unit %.4g, %d trees added", iterations, time_per_unit, added)
+        if added == 0:
+            optimal = True
+            break
+
+    if best is None:
+        raise SolverError(f"tree packing LP failed ({solution.status.value})")
+    solution, trees = best
+    chosen = _normalise(trees, solution.weights, roots, max_trees_per_root)
+    return Packing(tuple(chosen), solution.tau / net.max_cap, optimal, iterations, solution.solver)
+
+
+def _normalise(trees: Sequence[Tree], weights: Sequence[float], roots: Sequence[int], max_trees_per_root: int | None) -> list[Tree]:
+    """Trees with positive weight, at most ``max_trees_per_root`` per root, weights summing to 1."""
+    result: list[Tree] = []
+    for root in roots:
+        mine = sorted(
+            ((w, t) for t, w in zip(trees, weights) if t.root == root and w > 1e-9),
+            key=lambda item: -item[0],
+        )
+        if max_trees_per_root is not None:
+            mine = mine[:max_trees_per_root]
+        total = sum(w for w, _ in mine)
+        if total <= 0:
+            raise SolverError(f"no tree carries the data of rank {root}")
+        result.extend(Tree(t.root, t.arcs, w / total) for w, t in mine)
+    return result

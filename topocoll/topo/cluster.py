@@ -1,0 +1,174 @@
+"""Multi-node clusters: several machines of a preset joined by a network.
+
+:func:`make_cluster` places ``nodes`` copies of a preset (machine ``k`` gets the id prefix
+``"n{k}."`` and ``host_id`` ``"n{k}"``, its GPUs the ranks ``k * gpus .. k * gpus + gpus - 1``,
+so ranks are numbered node-major) and wires their NICs into one of two fabrics:
+
+``rail`` (rail-optimized, as in NVIDIA's SuperPOD reference designs)
+    NIC ``i`` of every machine goes to the leaf switch(es) of rail ``i``. When a rail fits in
+    one switch, the rails are joined only inside the machines (traffic changes rail over
+    NVLink/PCIe first); when it does not, the rail is split over several leaves and a spine
+    layer joins every leaf of every rail.
+``fat-tree``
+    NICs fill leaf switches in node-major order, whatever their index; a spine layer joins
+    the leaves when there is more than one.
+
+A leaf that needs uplinks splits its ports between machines and spines so that down ports /
+up ports is about ``oversubscription``; the bandwidth of its trunk to each spine is then set
+so that (bandwidth down) / (bandwidth up) is exactly ``oversubscription``. Every leaf has one
+trunk to every spine (a two-level folded Clos), so the spine count equals a full leaf's number
+of uplink ports.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from topocoll.errors import TopologyError
+from topocoll.topo import bandwidth as bw
+from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
+from topocoll.topo.presets import Placement, Preset, get_preset
+
+#: Ports of one network switch. NVIDIA Quantum-2 QM9700/QM9790 InfiniBand switches, the
+#: building block of DGX H100 SuperPODs, have 64 NDR (400 Gb/s) ports.
+DEFAULT_SWITCH_RADIX = 64
+
+
+class Network(str, enum.Enum):
+    """How the machines' NICs are wired together."""
+
+    RAIL = "rail"
+    FAT_TREE = "fat-tree"
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaf:
+    id: str
+    nics: tuple[str, ...]
+
+
+def make_cluster(
+    preset: str | Preset,
+    nodes: int,
+    nics_per_node: int | None = None,
+    network: str | Network = Network.RAIL,
+    nic_bw_bytes_per_s: float | None = None,
+    oversubscription: float = 1.0,
+    *,
+    switch_radix: int = DEFAULT_SWITCH_RADIX,
+    name: str | None = None,
+) -> Topology:
+    """``nodes`` machines of ``preset`` joined by a rail-optimized or fat-tree network.
+
+    Parameters
+    ----------
+    preset : str or Preset
+        Name in :data:`topocoll.topo.presets.PRESETS` (e.g. ``"dgx-h100"``) or a preset.
+    nodes : int
+        Number of machines (>= 1). One machine gives the plain preset, without network.
+    nics_per_node : int, optional
+        Network adapters per machine (default: the system's own count); also the number of
+        rails of a rail-optimized network.
+    network : {"rail", "fat-tree"}
+        The fabric (see the module documentation).
+    nic_bw_bytes_per_s : float, optional
+        Bandwidth of each NIC port, one direction (default: the system's adapters).
+    oversubscription : float
+        Ratio of a leaf's bandwidth towards the machines to its bandwidth towards the spines
+        (1.0 = non-blocking). Only leaves that need spines have uplinks.
+    switch_radix : int
+        Ports per network switch (default :data:`DEFAULT_SWITCH_RADIX`).
+    name : str, optional
+        Name of the topology (default: describes the cluster).
+
+    Returns
+    -------
+    Topology
+        Node ids ``"n{k}.gpu{i}"`` etc., network switches ``"leaf{j}"`` and ``"spine{j}"``.
+
+    Raises
+    ------
+    TopologyError
+        Unknown preset, or a count/ratio/bandwidth out of range.
+
+    Examples
+    --------
+    >>> topo = make_cluster("dgx-h100", nodes=4)
+    >>> len(topo.compute_nodes())
+    32
+    """
+    spec = get_preset(preset) if isinstance(preset, str) else preset
+    nodes = _positive_int("nodes", nodes)
+    switch_radix = _positive_int("switch_radix", switch_radix)
+    if switch_radix < 2:
+        raise TopologyError(f"switch_radix must be >= 2, got {switch_radix}")
+    network = _network(network)
+    nics = spec.nics if nics_per_node is None else _positive_int("nics_per_node", nics_per_node)
+    if not (isinstance(oversubscription, (int, float)) and not isinstance(oversubscription, bool)) or not (
+        math.isfinite(oversubscription) and oversubscription > 0
+    ):
+        raise TopologyError(f"oversubscription must be a finite number > 0, got {oversubscription!r}")
+    nic_bw = spec.nic_bw_bytes_per_s if nic_bw_bytes_per_s is None else nic_bw_bytes_per_s
+    if isinstance(nic_bw, bool) or not isinstance(nic_bw, (int, float)) or not (math.isfinite(nic_bw) and nic_bw > 0):
+        raise TopologyError(f"nic_bw_bytes_per_s must be a finite number > 0, got {nic_bw!r}")
+
+    if nodes == 1:
+        single = spec.build(nics)
+        return Topology(single.nodes, single.links, name=name or spec.name, notes=single.notes)
+
+    builder = TopologyBuilder(name=name or f"{spec.name} x{nodes} ({network.value}, {nics} NICs/node)")
+    machine_nics = [
+        spec.layout(Placement(builder, prefix=f"n{k}.", host_id=f"n{k}", rank_base=k * spec.gpus), nics)
+        for k in range(nodes)
+    ]
+    if network is Network.RAIL:
+        groups = [(f"rail {i}", [machine_nics[k][i] for k in range(nodes)]) for i in range(nics)]
+        single_leaf_ok = all(len(members) <= switch_radix for _, members in groups)
+    else:
+        groups = [("", [nic for per_machine in machine_nics for nic in per_machine])]
+        single_leaf_ok = len(groups[0][1]) <= switch_radix
+
+    if single_leaf_ok:
+        down_ports = switch_radix
+    else:
+        down_ports = max(1, min(switch_radix - 1, math.floor(switch_radix * oversubscription / (1 + oversubscription))))
+    leaves: list[_Leaf] = []
+    for label, members in groups:
+        for start in range(0, len(members), down_ports):
+            leaf_id = f"leaf{len(leaves)}"
+            leaves.append(_Leaf(leaf_id, tuple(members[start : start + down_ports])))
+            builder.add_node(Node(leaf_id, NodeKind.NET_SWITCH, name=f"{label} leaf".strip()))
+    net_latency = bw.latency_s(LinkKind.NET)
+    for leaf in leaves:
+        for nic in leaf.nics:
+            builder.add_link(nic, leaf.id, LinkKind.NET, nic_bw, net_latency)
+
+    if len(leaves) > 1 and not (network is Network.RAIL and single_leaf_ok):
+        spines = switch_radix - down_ports
+        for s in range(spines):
+            builder.add_node(Node(f"spine{s}", NodeKind.NET_SWITCH, name="spine"))
+        for leaf in leaves:
+            trunk_bw = len(leaf.nics) * nic_bw / (oversubscription * spines)
+            for s in range(spines):
+                builder.add_link(leaf.id, f"spine{s}", LinkKind.NET, trunk_bw, net_latency)
+        if len(leaves) > switch_radix:
+            builder.note(
+                f"{len(leaves)} leaves exceed the {switch_radix} ports of one spine switch: "
+                "each spine here stands for a group of switches"
+            )
+    return builder.build()
+
+
+def _positive_int(what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TopologyError(f"{what} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _network(value: str | Network) -> Network:
+    try:
+        return Network(value)
+    except ValueError:
+        raise TopologyError(f"unknown network {value!r}; use one of: {', '.join(n.value for n in Network)}") from None
