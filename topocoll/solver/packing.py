@@ -259,6 +259,7 @@ def pack_trees(
     solver: str = "highs",
     time_limit_s: float = 60.0,
     max_trees_per_root: int | None = None,
+    seed_orders: Sequence[Sequence[int]] = (),
 ) -> Packing:
     """Pack spanning trees of the ranks, one family per root, minimising the busiest link.
 
@@ -283,6 +284,9 @@ def pack_trees(
         Wall-clock budget; the best packing so far is returned when it runs out.
     max_trees_per_root : int, optional
         Keep at most this many trees per root (the heaviest, renormalised) in the result.
+    seed_orders : sequence of sequences of int
+        Cyclic orders of all ranks (rings); for every root the chain along each ring starting
+        at that root joins the first master problem.
 
     Returns
     -------
@@ -302,9 +306,10 @@ def pack_trees(
     # Dijkstra's weights strictly positive).
     hop_cost = 1e-6
 
-    def make_tree(cost: np.ndarray, pred: np.ndarray, root: int) -> tuple[lp.PackingColumn, Tree, float] | None:
-        pairs = _arborescence(cost, root)
-        if pairs is None or len(pairs) != n_ranks - 1:
+    def make_tree(cost: np.ndarray, pred: np.ndarray, root: int, pairs=None) -> tuple[lp.PackingColumn, Tree, float] | None:
+        if pairs is None:
+            pairs = _arborescence(cost, root)
+        if pairs is None or len(pairs) != n_ranks - 1 or not all(np.isfinite(cost[u, v]) for u, v in pairs):
             return None
         loads: dict[int, float] = {}
         arcs = []
@@ -329,6 +334,15 @@ def pack_trees(
         column, tree, _ = made
         columns.append(column)
         trees.append(tree)
+        # Chains along good rings: on switched and hierarchical graphs these are often optimal
+        # already, which saves most of the pricing rounds.
+        for order in seed_orders:
+            at = list(order).index(root)
+            chain = list(order[at:]) + list(order[:at])
+            made = make_tree(cost, pred, root, list(zip(chain, chain[1:])))
+            if made is not None and made[0].loads != column.loads:
+                columns.append(made[0])
+                trees.append(made[1])
 
     iterations = 0
     optimal = False

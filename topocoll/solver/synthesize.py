@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from topocoll.errors import SolverError
 from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.hierarchy import host_groups, pack_hierarchical
 from topocoll.solver.packing import Packing, Tree, pack_trees
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.topo.model import Topology
@@ -49,6 +50,10 @@ class SynthesisOptions:
         ``"highs"`` or ``"cbc"``.
     max_trees_per_root : int, optional
         Cap on trees kept per root (fewer chunks; the rounding loss shows in the ratio).
+    flat_max_ranks : int
+        Above this many ranks on a regular multi-host set, pack hierarchically
+        (:mod:`topocoll.solver.hierarchy`): flat column generation over 64 ranks takes about a
+        minute on two cores, the hierarchical one seconds.
     """
 
     pipeline: int = 1
@@ -56,6 +61,7 @@ class SynthesisOptions:
     gap: float = 1e-4
     solver: str = "highs"
     max_trees_per_root: int | None = None
+    flat_max_ranks: int = 32
 
     def __post_init__(self) -> None:
         if self.pipeline < 1:
@@ -107,9 +113,18 @@ def pack_for(
         time_limit_s=options.time_limit_s,
         max_trees_per_root=options.max_trees_per_root,
     )
+    groups = host_groups(topology, ranks) if not collective.is_rooted and n > options.flat_max_ranks else None
+
+    def pack(reverse: bool) -> Packing:
+        if groups is not None:
+            return pack_hierarchical(
+                topology, ranks, groups, reverse=reverse, solver=options.solver, time_limit_s=options.time_limit_s, gap=options.gap
+            )
+        return pack_trees(topology, ranks, roots, reverse=reverse, seed_orders=[list(range(n))], **kwargs)
+
     needs_gather = collective in (Collective.ALLGATHER, Collective.BROADCAST, Collective.ALLREDUCE)
     needs_scatter = collective in (Collective.REDUCE_SCATTER, Collective.REDUCE, Collective.ALLREDUCE)
-    gather = pack_trees(topology, ranks, roots, **kwargs) if needs_gather else None
+    gather = pack(reverse=False) if needs_gather else None
     scatter = None
     if needs_scatter:
         if gather is not None and _is_symmetric(topology):
@@ -117,7 +132,7 @@ def pack_for(
         else:
             if collective is Collective.ALLREDUCE:
                 kwargs["target_time_per_unit_s"] = cut_bound(topology, Collective.REDUCE_SCATTER, ranks).time_per_byte_s * n
-            scatter = _reverse_packing(pack_trees(topology, ranks, roots, reverse=True, **kwargs))
+            scatter = _reverse_packing(pack(reverse=True))
     return gather, scatter
 
 

@@ -1,9 +1,381 @@
-"""Subcommands of this area (filled in by its owner)."""
+"""``topocoll topo``: convert, inspect, draw and generate topologies.
+
+Handlers parse nothing themselves: they get the argparse namespace, do the work through the
+library, print with rich, and return an exit status. User errors are raised as
+:class:`~topocoll.errors.TopocollError` subclasses, which the main command turns into one
+line on stderr and exit status 2. Every output is checked before any work starts and written
+atomically, so a failed command leaves no file behind.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from topocoll.errors import FormatError, TopocollError
+from topocoll.topo import bandwidth as bw
+from topocoll.topo.cluster import DEFAULT_SWITCH_RADIX, Network, make_cluster
+from topocoll.topo.model import LinkKind, NodeKind, Topology, natural_key
+from topocoll.topo.presets import PRESETS, get_preset
+
+log = logging.getLogger(__name__)
+
+#: Extensions ``save_topology`` understands (checked before any work starts).
+TOPOLOGY_EXTENSIONS = (".json", ".xml")
+
+#: Rows shown per table before ``show`` summarizes the rest (``--all`` shows every row).
+DEFAULT_MAX_ROWS = 32
+
+_TOPO_HELP = """\
+Read, convert, inspect, draw and generate topologies.
+
+examples:
+  topocoll topo show NCCL_TOPO.xml                 # summary of a topology file
+  topocoll topo show dgx.json --png dgx.png        # ... and a picture of it
+  topocoll topo convert nvidia-smi-topo.txt -o node.json
+  topocoll topo preset dgx-h100 -o h100.json
+  topocoll topo preset dgx-a100 --nodes 16 --network fat-tree --oversubscription 2 -o a100x16.json
+  topocoll topo list-presets
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this area's subcommands to the ``topocoll`` parser."""
+    """Add ``topocoll topo`` and its subcommands to the ``topocoll`` parser."""
+    topo = subparsers.add_parser(
+        "topo",
+        help="read, convert, show, draw and generate topologies",
+        description=_TOPO_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = topo.add_subparsers(dest="topo_command", required=True, metavar="SUBCOMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
+
+    convert = sub.add_parser(
+        "convert",
+        help="convert a topology file (JSON, NCCL XML, nvidia-smi or rocm-smi text) to JSON or NCCL XML",
+        description="Convert a topology file. The input format is recognized from its content "
+        "(topology JSON, NCCL topology XML, `nvidia-smi topo -m` or `rocm-smi --showtopo` text); "
+        "the output format from the extension of OUT (.json or .xml).\n\n"
+        "examples:\n  topocoll topo convert NCCL_TOPO.xml -o node.json\n  topocoll topo convert node.json -o node.xml",
+        formatter_class=raw,
+    )
+    convert.add_argument("input", metavar="IN", help="topology file to read")
+    convert.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write (.json or .xml)")
+    convert.set_defaults(func=cmd_convert)
+
+    show = sub.add_parser(
+        "show",
+        help="summarize a topology: GPUs, links by kind, NVLinks per GPU, NICs, NUMA, notes",
+        description="Print a summary of a topology file (any format `convert` reads).\n\n"
+        "examples:\n  topocoll topo show NCCL_TOPO.xml\n  topocoll topo show cluster.json --png cluster.png",
+        formatter_class=raw,
+    )
+    show.add_argument("input", metavar="IN", help="topology file to read")
+    show.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
+    show.add_argument("--all", action="store_true", help=f"list every GPU and NIC (default: the first {DEFAULT_MAX_ROWS})")
+    show.set_defaults(func=cmd_show)
+
+    preset = sub.add_parser(
+        "preset",
+        help="write the topology of a known system, or of a cluster of them",
+        description="Write the topology of a known system (see `topocoll topo list-presets`), or of "
+        "K such machines joined by a rail-optimized or fat-tree network. Ranks are numbered "
+        "node-major; machine k's nodes are named n{k}.gpu0, n{k}.nic0, ...\n\n"
+        "examples:\n  topocoll topo preset dgx-h100 -o h100.json\n"
+        "  topocoll topo preset dgx-h100 --nodes 4 -o h100x4.json\n"
+        "  topocoll topo preset dgx-a100 --nodes 16 --network fat-tree --oversubscription 2 -o a100.json\n"
+        "  topocoll topo preset pcie-8gpu --nodes 2 --nics-per-node 1 --nic-gbit 100 -o pcie.xml --png pcie.png",
+        formatter_class=raw,
+    )
+    preset.add_argument("name", metavar="NAME", help=f"preset name: {', '.join(PRESETS)}")
+    preset.add_argument("--nodes", type=int, default=1, metavar="K", help="number of machines (default 1: no network)")
+    preset.add_argument("--nics-per-node", type=int, metavar="N", help="network adapters per machine (default: the system's)")
+    preset.add_argument(
+        "--network", choices=[n.value for n in Network], default=Network.RAIL.value, help="fabric joining the machines (default rail)"
+    )
+    preset.add_argument("--nic-gbit", type=float, metavar="G", help="NIC port speed in Gbit/s (default: the system's adapters)")
+    preset.add_argument(
+        "--oversubscription", type=float, default=1.0, metavar="R",
+        help="leaf down/up bandwidth ratio where spines are needed (default 1.0, non-blocking)",
+    )
+    preset.add_argument(
+        "--switch-radix", type=int, default=DEFAULT_SWITCH_RADIX, metavar="P",
+        help=f"ports per network switch (default {DEFAULT_SWITCH_RADIX})",
+    )
+    preset.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write (.json or .xml)")
+    preset.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
+    preset.set_defaults(func=cmd_preset)
+
+    listing = sub.add_parser("list-presets", help="list the known systems", description="List the presets with a description each.")
+    listing.set_defaults(func=cmd_list_presets)
+
+    discover = sub.add_parser(
+        "discover",
+        help="discover this machine's GPUs and NVLinks (NVML) and write its topology",
+        description="Discover the GPUs, NVLinks, NUMA nodes and InfiniBand adapters of this machine "
+        "through NVML (nvidia-ml-py) and sysfs, and write the topology. Without a GPU, "
+        "--flat-world-size N writes the shared-memory fallback for N processes instead.\n\n"
+        "examples:\n  topocoll topo discover -o node.json\n  topocoll topo discover --flat-world-size 4 -o flat.json",
+        formatter_class=raw,
+    )
+    discover.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write (.json or .xml)")
+    discover.add_argument("--flat-world-size", type=int, metavar="N", help="without GPUs, write a flat topology of N processes")
+    discover.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
+    discover.set_defaults(func=cmd_discover)
+
+
+# ---------------------------------------------------------------------------- handlers
+def cmd_convert(args: argparse.Namespace) -> int:
+    """``topocoll topo convert IN -o OUT``."""
+    from topocoll.topo.io import load_topology, save_topology
+
+    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    topology = load_topology(args.input)
+    save_topology(topology, args.output)
+    _console().print(f"wrote {args.output}: {_counts_line(topology)}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``topocoll topo show IN [--png FILE]``."""
+    from topocoll.topo.io import load_topology
+
+    if args.png:
+        _check_output(args.png, (".png",))
+    topology = load_topology(args.input)
+    if args.png:
+        from topocoll.topo.draw import draw_topology
+
+        draw_topology(topology, args.png)
+    print_summary(topology, max_rows=None if args.all else DEFAULT_MAX_ROWS)
+    if args.png:
+        _console().print(f"drew {args.png}")
+    return 0
+
+
+def cmd_preset(args: argparse.Namespace) -> int:
+    """``topocoll topo preset NAME ... -o OUT``."""
+    from topocoll.topo.io import save_topology
+
+    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    if args.png:
+        _check_output(args.png, (".png",))
+    spec = get_preset(args.name)
+    nic_bw = None
+    if args.nic_gbit is not None:
+        if not (math.isfinite(args.nic_gbit) and args.nic_gbit > 0):
+            raise FormatError(f"--nic-gbit must be a positive number, got {args.nic_gbit}")
+        nic_bw = bw.net_bw_bytes_per_s(args.nic_gbit * 1e9)
+    topology = make_cluster(
+        spec,
+        args.nodes,
+        nics_per_node=args.nics_per_node,
+        network=args.network,
+        nic_bw_bytes_per_s=nic_bw,
+        oversubscription=args.oversubscription,
+        switch_radix=args.switch_radix,
+    )
+    save_topology(topology, args.output)
+    if args.png:
+        from topocoll.topo.draw import draw_topology
+
+        draw_topology(topology, args.png)
+    _console().print(f"wrote {args.output}: {_counts_line(topology)}")
+    return 0
+
+
+def cmd_list_presets(args: argparse.Namespace) -> int:
+    """``topocoll topo list-presets``."""
+    from rich.table import Table
+
+    table = Table(title="presets", title_justify="left")
+    table.add_column("name", style="bold")
+    table.add_column("GPUs", justify="right")
+    table.add_column("NICs", justify="right")
+    table.add_column("description")
+    for spec in PRESETS.values():
+        table.add_row(spec.name, str(spec.gpus), str(spec.nics), spec.description)
+    _console().print(table)
+    return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    """``topocoll topo discover -o OUT``."""
+    from topocoll.topo.discover import discover_host, flat_topology
+    from topocoll.topo.io import save_topology
+
+    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    if args.png:
+        _check_output(args.png, (".png",))
+    topology = discover_host()
+    if topology is None:
+        if args.flat_world_size is None:
+            raise TopocollError(
+                "no GPU found through NVML (nvidia-ml-py missing, no driver or no GPU); "
+                "pass --flat-world-size N for the shared-memory fallback"
+            )
+        topology = flat_topology(args.flat_world_size)
+    save_topology(topology, args.output)
+    if args.png:
+        from topocoll.topo.draw import draw_topology
+
+        draw_topology(topology, args.png)
+    print_summary(topology, max_rows=DEFAULT_MAX_ROWS)
+    _console().print(f"wrote {args.output}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- summary
+def print_summary(topology: Topology, max_rows: int | None = DEFAULT_MAX_ROWS) -> None:
+    """Print the tables of ``topocoll topo show`` for ``topology`` to standard output.
+
+    Parameters
+    ----------
+    topology : Topology
+    max_rows : int, optional
+        Rows shown per GPU/NIC table; ``None`` shows all.
+    """
+    from rich.table import Table
+
+    console = _console()
+    console.print(f"[bold]{topology.name or 'topology'}[/bold]  {_counts_line(topology)}")
+    console.print(f"digest {topology.digest()}")
+
+    pairs = _undirected_pairs(topology)
+    links = Table(title="links by kind", title_justify="left")
+    for column, justify in (("kind", "left"), ("physical links", "right"), ("node pairs", "right"), ("total GB/s (one direction)", "right")):
+        links.add_column(column, justify=justify)
+    by_kind: dict[LinkKind, list[tuple[int, float]]] = defaultdict(list)
+    for (kind, count, bw_value) in pairs.values():
+        by_kind[kind].append((count, bw_value))
+    for kind in LinkKind:
+        if kind in by_kind:
+            entries = by_kind[kind]
+            links.add_row(kind.value, str(sum(c for c, _ in entries)), str(len(entries)), _gb(sum(b for _, b in entries)))
+    console.print(links)
+
+    out_links: dict[str, list] = defaultdict(list)
+    for link in topology.links:
+        out_links[link.src].append(link)
+
+    gpus = topology.nodes_of(NodeKind.GPU, NodeKind.HOST)
+    if gpus:
+        table = Table(title="ranks (GPUs / host processes)", title_justify="left")
+        for column in ("node", "rank", "host", "NUMA", "name", "NVLinks", "NVLink GB/s", "xGMI GB/s", "PCIe GB/s"):
+            table.add_column(column, justify="right" if column not in ("node", "host", "name") else "left")
+        ordered = sorted(gpus, key=lambda n: (n.rank is None, n.rank if n.rank is not None else 0, natural_key(n.id)))
+        for node in _limit(ordered, max_rows):
+            mine = out_links[node.id]
+            nvlinks = [l for l in mine if l.kind is LinkKind.NVLINK]
+            table.add_row(
+                node.id,
+                _opt(node.rank),
+                node.host_id or "",
+                _opt(node.numa),
+                node.name or "",
+                str(sum(l.count for l in nvlinks)) if nvlinks else "0",
+                _gb(sum(l.bw_bytes_per_s for l in nvlinks)) if nvlinks else "-",
+                _sum_kind(mine, LinkKind.XGMI),
+                _sum_kind(mine, LinkKind.PCIE),
+            )
+        _add_more_row(table, len(ordered), max_rows)
+        console.print(table)
+
+    nics = topology.nodes_of(NodeKind.NIC)
+    if nics:
+        table = Table(title="NICs", title_justify="left")
+        for column in ("node", "host", "NUMA", "name", "attached to", "network GB/s"):
+            table.add_column(column, justify="right" if column in ("NUMA", "network GB/s") else "left")
+        for node in _limit(list(nics), max_rows):
+            mine = out_links[node.id]
+            attached = ", ".join(l.dst for l in mine if l.kind is not LinkKind.NET) or "-"
+            net = [l for l in mine if l.kind is LinkKind.NET]
+            speed = _gb(sum(l.bw_bytes_per_s for l in net)) if net else "no network link"
+            table.add_row(node.id, node.host_id or "", _opt(node.numa), node.name or "", attached, speed)
+        _add_more_row(table, len(nics), max_rows)
+        console.print(table)
+
+    numa: dict[tuple[str, int], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for node in topology.nodes:
+        if node.numa is not None and node.kind in (NodeKind.GPU, NodeKind.NIC, NodeKind.HOST):
+            numa[(node.host_id or "", node.numa)][node.kind.value].append(node.id)
+    if numa:
+        table = Table(title="NUMA", title_justify="left")
+        for column in ("host", "NUMA", "GPUs / ranks", "NICs"):
+            table.add_column(column, justify="right" if column == "NUMA" else "left")
+        keys = sorted(numa, key=lambda k: (natural_key(k[0]), k[1]))
+        for host, node_numa in _limit(keys, max_rows):
+            members = numa[(host, node_numa)]
+            table.add_row(host, str(node_numa), _ids(members["gpu"] + members["host"]), _ids(members["nic"]))
+        _add_more_row(table, len(keys), max_rows)
+        console.print(table)
+
+    if topology.notes:
+        console.print("[bold]not known from the source:[/bold]")
+        for note in topology.notes:
+            console.print(f"  - {note}", markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _console():
+    from rich.console import Console
+
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 140, highlight=False)
+
+
+def _check_output(path: str, extensions: tuple[str, ...]) -> None:
+    """Reject an output path before any work: wrong extension or missing directory."""
+    target = Path(path)
+    if target.suffix.lower() not in extensions:
+        raise FormatError(f"{path}: unknown output extension {target.suffix or '(none)'!r}; use {' or '.join(extensions)}")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise TopocollError(f"{path}: directory {parent} does not exist")
+
+
+def _undirected_pairs(topology: Topology) -> dict[tuple[str, str], tuple[LinkKind, int, float]]:
+    """Kind, physical link count and one-direction bandwidth per unordered node pair."""
+    pairs: dict[tuple[str, str], tuple[LinkKind, int, float]] = {}
+    for link in topology.links:
+        key = (link.src, link.dst) if natural_key(link.src) <= natural_key(link.dst) else (link.dst, link.src)
+        old = pairs.get(key)
+        if old is None:
+            pairs[key] = (link.kind, link.count, link.bw_bytes_per_s)
+        else:
+            pairs[key] = (old[0], max(old[1], link.count), max(old[2], link.bw_bytes_per_s))
+    return pairs
+
+
+def _counts_line(topology: Topology) -> str:
+    return ", ".join(f"{count} {kind}" for kind, count in topology.summary_counts().items()) + f", {len(topology.links)} directed links"
+
+
+def _gb(value: float) -> str:
+    return f"{value / bw.GB:,.1f}"
+
+
+def _opt(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
+def _sum_kind(links: list, kind: LinkKind) -> str:
+    chosen = [l.bw_bytes_per_s for l in links if l.kind is kind]
+    return _gb(sum(chosen)) if chosen else "-"
+
+
+def _ids(ids: list[str]) -> str:
+    ids = sorted(ids, key=natural_key)
+    return ", ".join(ids[:8]) + (f" (+{len(ids) - 8})" if len(ids) > 8 else "")
+
+
+def _limit(items: list, max_rows: int | None) -> list:
+    return items if max_rows is None else items[:max_rows]
+
+
+def _add_more_row(table, total: int, max_rows: int | None) -> None:
+    if max_rows is not None and total > max_rows:
+        table.add_row(f"... {total - max_rows} more (--all)", *[""] * (len(table.columns) - 1))

@@ -1,0 +1,105 @@
+"""Small topology builders for the solver tests (all through TopologyBuilder).
+
+Bandwidths are illustrative: NVLink 4 and PCIe Gen4 x16 per the figures of
+``topocoll.topo.bandwidth``; the network is a 400 Gbit/s port.
+"""
+
+from __future__ import annotations
+
+from topocoll.topo.bandwidth import LATENCY_S, nvlink_bw_bytes_per_s, pcie_bw_bytes_per_s
+from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
+
+NVLINK_BW = nvlink_bw_bytes_per_s(4)
+PCIE_BW = pcie_bw_bytes_per_s(4, 16)
+NET_BW = 400e9 / 8
+NVLINKS_PER_GPU = 18  # H100: 18 NVLinks per GPU (NVIDIA H100 whitepaper)
+
+
+def _link(b: TopologyBuilder, a: str, c: str, kind: LinkKind, bw: float, count: int = 1) -> None:
+    b.add_link(a, c, kind, bw * count, LATENCY_S[kind], count=count)
+
+
+def _box(b: TopologyBuilder, n_gpus: int, prefix: str = "", host_id: str | None = None, rank0: int | None = None) -> list[str]:
+    """GPUs on one NVSwitch fabric plus a PCIe tree to one CPU; returns the GPU ids."""
+    gpus = []
+    sw = b.add_node(Node(f"{prefix}nvswitch0", NodeKind.NVSWITCH, host_id=host_id)).id
+    cpu = b.add_node(Node(f"{prefix}cpu0", NodeKind.CPU, host_id=host_id)).id
+    for i in range(n_gpus):
+        rank = None if rank0 is None else rank0 + i
+        gpu = b.add_node(Node(f"{prefix}gpu{i}", NodeKind.GPU, rank=rank, host_id=host_id)).id
+        gpus.append(gpu)
+        _link(b, gpu, sw, LinkKind.NVLINK, NVLINK_BW, NVLINKS_PER_GPU)
+        _link(b, gpu, cpu, LinkKind.PCIE, PCIE_BW)
+    return gpus
+
+
+def nvswitch_box(n_gpus: int = 4) -> Topology:
+    """One machine: ``n_gpus`` GPUs on an NVSwitch (18 NVLinks each) and a CPU over PCIe."""
+    b = TopologyBuilder("nvswitch-box")
+    _box(b, n_gpus)
+    return b.build()
+
+
+def pcie_tree(n_gpus: int = 8, per_switch: int = 4) -> Topology:
+    """GPUs under PCIe switches under one CPU, no NVLink."""
+    b = TopologyBuilder("pcie-tree")
+    cpu = b.add_node(Node("cpu0", NodeKind.CPU)).id
+    for i in range(n_gpus):
+        s = i // per_switch
+        sw = f"pcisw{s}"
+        if not b.has_node(sw):
+            b.add_node(Node(sw, NodeKind.PCIE_SWITCH))
+            _link(b, sw, cpu, LinkKind.PCIE, PCIE_BW)
+        b.add_node(Node(f"gpu{i}", NodeKind.GPU, rank=i))
+        _link(b, f"gpu{i}", sw, LinkKind.PCIE, PCIE_BW)
+    return b.build()
+
+
+def relay_ring(n_gpus: int = 5) -> Topology:
+    """GPUs in a ring where every hop passes one relay switch: gpu_i - relay_i - gpu_{i+1}."""
+    b = TopologyBuilder("relay-ring")
+    for i in range(n_gpus):
+        b.add_node(Node(f"gpu{i}", NodeKind.GPU, rank=i))
+        b.add_node(Node(f"relay{i}", NodeKind.PCIE_SWITCH))
+    for i in range(n_gpus):
+        _link(b, f"gpu{i}", f"relay{i}", LinkKind.PCIE, PCIE_BW)
+        _link(b, f"relay{i}", f"gpu{(i + 1) % n_gpus}", LinkKind.PCIE, PCIE_BW)
+    return b.build()
+
+
+def gpu_chain(n_gpus: int = 3, bw: float = NVLINK_BW) -> Topology:
+    """GPUs joined in a line by direct links only (the inner GPUs must relay)."""
+    b = TopologyBuilder("gpu-chain")
+    for i in range(n_gpus):
+        b.add_node(Node(f"gpu{i}", NodeKind.GPU, rank=i))
+    for i in range(n_gpus - 1):
+        _link(b, f"gpu{i}", f"gpu{i + 1}", LinkKind.NVLINK, bw)
+    return b.build()
+
+
+def cluster(n_hosts: int = 2, gpus_per_host: int = 4, leaves: int = 1) -> Topology:
+    """``n_hosts`` NVSwitch boxes (``host_id`` set), one NIC per GPU, a leaf/spine network."""
+    b = TopologyBuilder("cluster")
+    spine = b.add_node(Node("spine0", NodeKind.NET_SWITCH)).id if leaves > 1 else None
+    for leaf in range(leaves):
+        b.add_node(Node(f"leaf{leaf}", NodeKind.NET_SWITCH))
+        if spine is not None:
+            _link(b, f"leaf{leaf}", spine, LinkKind.NET, NET_BW, count=8)
+    for h in range(n_hosts):
+        prefix = f"n{h}."
+        gpus = _box(b, gpus_per_host, prefix=prefix, host_id=f"n{h}", rank0=h * gpus_per_host)
+        for i, gpu in enumerate(gpus):
+            nic = b.add_node(Node(f"{prefix}nic{i}", NodeKind.NIC, host_id=f"n{h}")).id
+            _link(b, gpu, nic, LinkKind.PCIE, PCIE_BW)
+            _link(b, nic, f"leaf{h % leaves}", LinkKind.NET, NET_BW)
+    return b.build()
+
+
+def host_star(n_hosts: int = 4) -> Topology:
+    """CPU host processes on one network switch (a CPU-only cluster)."""
+    b = TopologyBuilder("host-star")
+    b.add_node(Node("sw0", NodeKind.NET_SWITCH))
+    for i in range(n_hosts):
+        b.add_node(Node(f"host{i}", NodeKind.HOST, rank=i, host_id=f"h{i}"))
+        _link(b, f"host{i}", "sw0", LinkKind.NET, NET_BW)
+    return b.build()

@@ -1,0 +1,230 @@
+"""Baselines: every one verifies on varied topologies and rank subsets; their shapes and loads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.solver import helpers as H
+from topocoll.errors import ScheduleError
+from topocoll.solver.baselines import (
+    BASELINES,
+    double_binary_tree,
+    hierarchical,
+    recursive_doubling,
+    ring,
+    ring_order,
+)
+from topocoll.solver.schedule import Collective, Op, Transfer
+from topocoll.solver.verify import verify
+from topocoll.topo.model import LinkKind, Node, NodeKind, TopologyBuilder
+
+TOPOLOGIES = {
+    "nvswitch4": H.nvswitch_box(4),
+    "pcie8": H.pcie_tree(8),
+    "relay_ring5": H.relay_ring(5),
+    "cluster2x4": H.cluster(2, 4),
+    "cluster3x2": H.cluster(3, 2, leaves=2),
+    "chain6": H.gpu_chain(6),
+    "hosts6": H.host_star(6),
+}
+
+
+def _subsets(topo):
+    nodes = topo.compute_nodes()
+    yield nodes
+    for size in (3, 5, 6):
+        if size < len(nodes):
+            yield nodes[len(nodes) - size:][::-1]  # odd sizes, reversed rank order
+
+
+@pytest.mark.parametrize("baseline", sorted(BASELINES))
+@pytest.mark.parametrize("topo_name", sorted(TOPOLOGIES))
+def test_every_baseline_verifies(baseline, topo_name):
+    topo = TOPOLOGIES[topo_name]
+    build = BASELINES[baseline]
+    for ranks in _subsets(topo):
+        for collective in Collective:
+            roots = (0, len(ranks) - 1, len(ranks) // 2) if collective.is_rooted else (None,)
+            for root in roots:
+                sched = build(topo, collective, ranks, root=root)
+                assert sched.topology_digest == topo.digest()
+                assert sched.ranks == tuple(ranks)
+                result = verify(sched, topo, size_bytes=1e6)
+                assert result.ok, (collective, len(ranks), root, result.errors)
+
+
+def test_single_rank_schedules_are_empty_and_valid():
+    topo = H.nvswitch_box(2)
+    for build in BASELINES.values():
+        for collective in Collective:
+            sched = build(topo, collective, ["gpu1"])
+            assert sched.steps == () and verify(sched, topo).ok
+
+
+def test_ring_shapes():
+    topo = H.nvswitch_box(4)
+    assert len(ring(topo, Collective.ALLREDUCE).steps) == 2 * 3
+    assert len(ring(topo, Collective.ALLGATHER).steps) == 3
+    # chain of 3 hops with 5 pieces: 3 + 5 - 1 steps
+    assert len(ring(topo, Collective.BROADCAST, root=2, nchunks=5).steps) == 7
+
+
+def test_ring_follows_the_physical_ring():
+    topo = H.relay_ring(5)
+    order = ring_order(topo, topo.compute_nodes())
+    assert order in ((0, 1, 2, 3, 4), (0, 4, 3, 2, 1))
+    result = verify(ring(topo, Collective.ALLGATHER), topo)
+    # every relay link carries each of the other 4 shards once
+    assert result.t_bw_s_per_byte == pytest.approx((4 / 5) / H.PCIE_BW)
+
+
+def test_hierarchical_allreduce_sends_only_a_shard_across_hosts():
+    topo = H.cluster(2, 4)
+    sched = hierarchical(topo, Collective.ALLREDUCE)
+    n_hosts, per_host = 2, 4
+    assert len(sched.steps) == 2 * (per_host - 1) + 2 * (n_hosts - 1)
+    result = verify(sched, topo)
+    assert result.ok
+    # each GPU's PCIe link to its NIC carries 2(G-1)/G of a 1/L segment (NVSwitch does the rest)
+    expected = 2 * (n_hosts - 1) / n_hosts / per_host
+    assert result.link_load[("n0.gpu0", "n0.nic0")] == pytest.approx(expected)
+    assert result.t_bw_s_per_byte == pytest.approx(expected / H.PCIE_BW)
+    flat = verify(ring(topo, Collective.ALLREDUCE), topo)
+    assert result.t_bw_s_per_byte <= flat.t_bw_s_per_byte
+
+
+def test_hierarchical_falls_back_to_a_ring_for_unequal_hosts():
+    topo = H.cluster(2, 3)
+    ranks = topo.compute_nodes()[:5]  # 3 + 2
+    assert hierarchical(topo, Collective.ALLREDUCE, ranks).name == "ring"
+    assert hierarchical(topo, Collective.BROADCAST, ranks, root=4).name == "hierarchical"
+
+
+def test_recursive_doubling_step_counts():
+    topo = H.host_star(8)
+    assert len(recursive_doubling(topo, Collective.ALLREDUCE).steps) == 3
+    assert len(recursive_doubling(topo, Collective.ALLGATHER).steps) == 3
+    # 6 = 4 + 2: fold in, two doubling steps, copy out
+    assert len(recursive_doubling(topo, Collective.ALLREDUCE, topo.compute_nodes()[:6]).steps) == 4
+    assert len(recursive_doubling(topo, Collective.BROADCAST, root=5).steps) == 3
+
+
+def test_double_binary_tree_uses_both_halves_and_falls_back_for_gathers():
+    topo = H.nvswitch_box(8)
+    sched = double_binary_tree(topo, Collective.ALLREDUCE, nchunks=2)
+    assert [c.size for c in sched.chunks] == [0.25] * 4
+    senders = {t.src for step in sched.steps for t in step if t.op is Op.REDUCE}
+    assert len(senders) == 8  # the root of one tree is a leaf or inner node of the other
+    assert double_binary_tree(topo, Collective.ALLGATHER).name == "ring"
+
+
+def test_bad_arguments():
+    topo = H.relay_ring(3)
+    with pytest.raises(ScheduleError, match="root"):
+        ring(topo, Collective.BROADCAST, root=3)
+    with pytest.raises(ScheduleError, match="relay0"):
+        ring(topo, Collective.ALLREDUCE, ["gpu0", "relay0"])
+    with pytest.raises(ScheduleError, match="nchunks"):
+        ring(topo, Collective.REDUCE, nchunks=0)
+    with pytest.raises(ScheduleError, match="distinct"):
+        ring(topo, Collective.ALLREDUCE, ["gpu0", "gpu0"])
+
+
+# ------------------------------------------------------------------- properties
+@st.composite
+def random_topologies(draw):
+    n_compute = draw(st.integers(2, 6))
+    n_switch = draw(st.integers(1, 3))
+    names = [f"gpu{i}" for i in range(n_compute)] + [f"sw{i}" for i in range(n_switch)]
+    order = draw(st.permutations(names))
+    bws = st.sampled_from([10e9, 25e9, 50e9])
+    hosts = draw(st.sampled_from([None, 1, 2]))
+    b = TopologyBuilder("random")
+    for i, name in enumerate(names):
+        if name.startswith("gpu"):
+            host = None if hosts is None else f"h{int(name[3:]) % hosts}"
+            b.add_node(Node(name, NodeKind.GPU, host_id=host))
+        else:
+            b.add_node(Node(name, draw(st.sampled_from([NodeKind.NVSWITCH, NodeKind.PCIE_SWITCH, NodeKind.NET_SWITCH]))))
+    for i in range(1, len(order)):
+        b.add_link(order[i], order[draw(st.integers(0, i - 1))], LinkKind.PCIE, draw(bws), 1e-6)
+    for _ in range(draw(st.integers(0, 3))):
+        a, c = draw(st.sampled_from(names)), draw(st.sampled_from(names))
+        if a != c:
+            b.add_link(a, c, LinkKind.NVLINK, draw(bws), 0.5e-6)
+    return b.build()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=random_topologies(), data=st.data())
+def test_baselines_verify_on_random_topologies(topo, data):
+    nodes = list(topo.compute_nodes())
+    ranks = data.draw(st.permutations(nodes))
+    ranks = ranks[: data.draw(st.integers(2, len(ranks)))]
+    collective = data.draw(st.sampled_from(list(Collective)))
+    root = data.draw(st.integers(0, len(ranks) - 1)) if collective.is_rooted else None
+    for build in BASELINES.values():
+        sched = build(topo, collective, ranks, root=root)
+        result = verify(sched, topo)
+        assert result.ok, (build.__name__, collective, result.errors)
+
+
+def _mutants(sched, topo, data):
+    steps = [list(s) for s in sched.steps]
+    s = data.draw(st.integers(0, len(steps) - 1))
+    k = data.draw(st.integers(0, len(steps[s]) - 1))
+    victim = steps[s][k]
+    dropped = [list(x) for x in steps]
+    del dropped[s][k]
+    yield "dropped", dataclasses.replace(sched, steps=tuple(tuple(x) for x in dropped if x))
+    reduces = [(i, t) for i, step in enumerate(steps) for t in step if t.op is Op.REDUCE]
+    if reduces:
+        i, t = data.draw(st.sampled_from(reduces))
+        doubled = [list(x) for x in steps]
+        doubled[i].append(t)
+        yield "duplicated reduce", dataclasses.replace(sched, steps=tuple(tuple(x) for x in doubled))
+    a, b = victim.path[0], victim.path[-1]
+    if not topo.has_link(a, b):
+        shortcut = [list(x) for x in steps]
+        shortcut[s][k] = Transfer(victim.src, victim.dst, victim.chunk, victim.op, (a, b))
+        yield "non-edge", dataclasses.replace(sched, steps=tuple(tuple(x) for x in shortcut))
+    yield "digest", dataclasses.replace(sched, topology_digest="sha256:" + "0" * 64)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=random_topologies(), data=st.data())
+def test_verifier_rejects_mutated_baselines(topo, data):
+    collective = data.draw(st.sampled_from(list(Collective)))
+    build = BASELINES[data.draw(st.sampled_from(sorted(BASELINES)))]
+    sched = build(topo, collective, root=0 if collective.is_rooted else None)
+    if not sched.steps:
+        return
+    for kind, mutant in _mutants(sched, topo, data):
+        assert not verify(mutant, topo).ok, kind
+
+
+def test_large_rings_keep_hosts_together():
+    topo = H.cluster(3, 4, leaves=2)
+    ranks = topo.compute_nodes()
+    # interleave the hosts in the rank order: the ring should regroup them
+    shuffled = [ranks[i] for g in range(4) for i in range(g, 12, 4)]
+    order = ring_order(topo, shuffled)
+    hosts = [topo.node(shuffled[r]).host_id for r in order]
+    crossings = sum(hosts[i] != hosts[(i + 1) % 12] for i in range(12))
+    assert crossings == 3  # one hop into each host
+
+
+def test_baselines_survive_the_json_round_trip():
+    from topocoll.solver.schedule import Schedule
+
+    topo = H.cluster(2, 2)
+    for build in BASELINES.values():
+        for collective in Collective:
+            sched = build(topo, collective, root=1 if collective.is_rooted else None)
+            again = Schedule.from_json(sched.to_json())
+            assert again == sched
+            assert verify(again, topo).ok
