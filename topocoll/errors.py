@@ -30,3 +30,7 @@ class SolverError(TopocollError, RuntimeError):
 
 class CollectiveError(TopocollError, RuntimeError):
     """A collective failed at run time: mismatched inputs across ranks, a dead peer, a timeout."""
+
+
+class UsageError(TopocollError, ValueError):
+    """A command-line argument is invalid (bad size, unknown name, out-of-range root, ...)."""

@@ -103,3 +103,59 @@ def host_star(n_hosts: int = 4) -> Topology:
         b.add_node(Node(f"host{i}", NodeKind.HOST, rank=i, host_id=f"h{i}"))
         _link(b, f"host{i}", "sw0", LinkKind.NET, NET_BW)
     return b.build()
+
+
+def ranks_connected(topology, ranks) -> bool:
+    """Whether ``ranks`` reach each other when compute nodes outside them cannot forward."""
+    import networkx as nx
+
+    keep = set(ranks)
+    idle = [n.id for n in topology.nodes if n.kind.is_compute and n.id not in keep]
+    graph = nx.DiGraph(topology.graph)
+    graph.remove_nodes_from(idle)
+    first = ranks[0]
+    both = (nx.descendants(graph, first) | {first}) & (nx.ancestors(graph, first) | {first})
+    return keep <= both
+
+
+#: Per-direction bandwidths the random topologies draw from (bytes/s): a mix of NVLink and
+#: PCIe figures of :mod:`topocoll.topo.bandwidth` so that cuts of very different widths occur.
+RANDOM_BWS = (NVLINK_BW, NVLINK_BW * 2, PCIE_BW, PCIE_BW / 2, NET_BW)
+
+
+def random_topology(draw, min_gpus: int = 2, max_gpus: int = 5, max_switches: int = 3, symmetric: bool = True) -> Topology:
+    """A random connected topology, for use inside a ``hypothesis.strategies.composite``.
+
+    ``draw`` is hypothesis' draw function. GPUs ``gpu0..`` and switches ``sw0..`` (PCIe
+    switches: pure forwarders) are joined first by a random spanning tree, then by a few extra
+    links. Every link exists in both directions; with ``symmetric`` the two directions have
+    the same bandwidth (full duplex), otherwise each direction draws its own.
+    """
+    from hypothesis import strategies as st
+
+    n_gpus = draw(st.integers(min_gpus, max_gpus))
+    n_switches = draw(st.integers(0, max_switches))
+    names = [f"gpu{i}" for i in range(n_gpus)] + [f"sw{i}" for i in range(n_switches)]
+    order = draw(st.permutations(names))
+    pairs: set[tuple[str, str]] = set()
+    for k in range(1, len(order)):
+        parent = order[draw(st.integers(0, k - 1))]
+        pairs.add((parent, order[k]))
+    all_pairs = [(a, c) for i, a in enumerate(names) for c in names[i + 1 :]]
+    extra = draw(st.lists(st.sampled_from(all_pairs), max_size=len(names)))
+    for a, c in extra:
+        if (a, c) not in pairs and (c, a) not in pairs:
+            pairs.add((a, c))
+    b = TopologyBuilder("random")
+    for name in names:
+        b.add_node(Node(name, NodeKind.GPU if name.startswith("gpu") else NodeKind.PCIE_SWITCH))
+    bw = st.sampled_from(RANDOM_BWS)
+    for a, c in sorted(pairs):
+        kind = LinkKind.NVLINK if a.startswith("gpu") and c.startswith("gpu") else LinkKind.PCIE
+        forward = draw(bw)
+        if symmetric:
+            b.add_link(a, c, kind, forward, LATENCY_S[kind])
+        else:
+            b.add_link(a, c, kind, forward, LATENCY_S[kind], duplex=False)
+            b.add_link(c, a, kind, draw(bw), LATENCY_S[kind], duplex=False)
+    return b.build()

@@ -1,9 +1,187 @@
-"""Subcommands of this area (filled in by its owner)."""
+"""``topocoll synthesize`` and ``topocoll verify``: the solver on the command line."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
+
+from topocoll.errors import UsageError
+from topocoll.fileio import write_atomic
+from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.lp import SOLVERS
+from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective
+from topocoll.solver.schedule import Collective, Schedule
+from topocoll.solver.synthesize import SynthesisOptions
+from topocoll.solver.verify import verify
+from topocoll.topo.io import load_topology
+from topocoll.topo.model import Topology
+from topocoll.units import format_bandwidth, format_size, format_time, parse_size
+
+SYNTHESIZE_EPILOG = """\
+examples:
+  topocoll synthesize --topology dgx1.json --collective allreduce -o ar.json
+  topocoll synthesize --topology node.xml --collective allgather --ranks gpu0,gpu3,gpu5 -o ag.json
+  topocoll synthesize --topology cluster.json --collective broadcast --root 3 --size 4K -o bc.json
+
+The schedule is verified before it is written. Without --size the bandwidth-optimal schedule
+is chosen; with --size the one with the lowest predicted alpha-beta time at that size (small
+messages get shallow trees or recursive doubling). When the LP fails or runs out of time, the
+best verified baseline is written with a warning.
+"""
+
+VERIFY_EPILOG = """\
+examples:
+  topocoll verify ar.json --topology dgx1.json
+  topocoll verify ar.json --topology dgx1.json --size 256M
+
+Exit status 0 when the schedule implements its collective on the topology, 1 when not.
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this area's subcommands to the ``topocoll`` parser."""
+    """Add ``synthesize`` and ``verify`` to the ``topocoll`` parser."""
+    p = subparsers.add_parser(
+        "synthesize",
+        help="synthesize an optimal schedule for a collective",
+        description="Synthesize a multi-path schedule by LP tree packing, compare it with the cut "
+        "bound and the baselines, verify it and write it as JSON.",
+        epilog=SYNTHESIZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--topology", required=True, metavar="FILE", help="topology: JSON, NCCL XML, nvidia-smi or rocm-smi text")
+    p.add_argument("--collective", required=True, help="allreduce, allgather, reduce_scatter, broadcast or reduce")
+    p.add_argument("--ranks", metavar="NODE,NODE,...", help="topology nodes of the ranks in rank order (default: every GPU/host)")
+    p.add_argument("--root", type=int, help="root rank for broadcast and reduce (default 0)")
+    p.add_argument("--size", metavar="BYTES", help="message size (K/M/G suffixes), chooses pipelining and algorithm")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="LP time budget in seconds (default 60)")
+    p.add_argument("--solver", choices=SOLVERS, default="highs", help="LP solver (default highs)")
+    p.add_argument(
+        "--overhead-us",
+        type=float,
+        default=DEFAULT_PER_MESSAGE_OVERHEAD_S * 1e6,
+        metavar="US",
+        help=f"software cost per step in the alpha-beta model, µs (default {DEFAULT_PER_MESSAGE_OVERHEAD_S * 1e6:g})",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="SCHEDULE.json", help="where to write the schedule")
+    p.set_defaults(func=run_synthesize)
+
+    v = subparsers.add_parser(
+        "verify",
+        help="check a schedule against a topology",
+        description="Replay a schedule symbolically: correctness of the collective, paths against the "
+        "topology, bandwidth time, alpha-beta time and distance to the cut bound.",
+        epilog=VERIFY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v.add_argument("schedule", metavar="SCHEDULE.json")
+    v.add_argument("--topology", required=True, metavar="FILE")
+    v.add_argument("--size", metavar="BYTES", default="256M", help="size for the reported times (default 256M)")
+    v.add_argument("--overhead-us", type=float, default=DEFAULT_PER_MESSAGE_OVERHEAD_S * 1e6, metavar="US")
+    v.set_defaults(func=run_verify)
+
+
+def _ranks(topology: Topology, text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return topology.compute_nodes()
+    ranks = tuple(part.strip() for part in text.split(",") if part.strip())
+    for node_id in ranks:
+        if not topology.graph.has_node(node_id):
+            raise UsageError(f"--ranks: no node {node_id!r} in the topology")
+    return ranks
+
+
+def _size(text: str | None) -> int | None:
+    if text is None:
+        return None
+    size = parse_size(text, "--size")
+    if size <= 0:
+        raise UsageError(f"--size must be > 0 bytes, got {text!r}")
+    return size
+
+
+def _check_output(path: str) -> None:
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise UsageError(f"-o {path}: directory {parent} does not exist")
+
+
+def _bandwidth_line(label: str, size: float, time_s: float, bound: Bound, extra: str = "") -> str:
+    percent = 100.0 * bound.time_s(size) / time_s
+    return f"{label:<12}algbw {format_bandwidth(size / time_s):>12}  {percent:6.2f} % of bound{extra}"
+
+
+def run_synthesize(args: argparse.Namespace) -> int:
+    """Handler of ``topocoll synthesize``."""
+    collective = Collective.parse(args.collective)
+    _check_output(args.output)
+    topology = load_topology(args.topology)
+    ranks = _ranks(topology, args.ranks)
+    size = _size(args.size)
+    root = (args.root if args.root is not None else 0) if collective.is_rooted else None
+    if args.root is not None and not collective.is_rooted:
+        raise UsageError(f"--root applies to broadcast and reduce, not {collective.value}")
+    options = SynthesisOptions(time_limit_s=args.time_limit, solver=args.solver)
+    started = time.perf_counter()
+    result = plan_collective(
+        topology, collective, ranks, root, size, per_message_overhead_s=args.overhead_us * 1e-6, options=options
+    )
+    elapsed = time.perf_counter() - started
+    for warning in result.warnings:
+        print(f"topocoll: warning: {warning}", file=sys.stderr)
+    report_size = size if size is not None else 1 << 28
+    chosen = result.chosen
+    bound = result.bound
+    lines = [
+        f"{'topology':<12}{args.topology} ({topology.digest()[:19]}…)",
+        f"{'collective':<12}{collective.value} over {len(ranks)} ranks"
+        + (f", root {root}" if root is not None else "")
+        + f", size {format_size(report_size)}{'' if size else ' (for the figures below)'}",
+        f"{'bound':<12}algbw {format_bandwidth(bound.algbw_bytes_per_s):>12}  binding set: {', '.join(bound.bottleneck[:6])}"
+        + (" …" if len(bound.bottleneck) > 6 else ""),
+        _bandwidth_line(
+            "schedule",
+            report_size,
+            chosen.t_bw_s_per_byte * report_size,
+            bound,
+            f"  [{chosen.name}, {result.status.value}, {len(chosen.schedule.chunks)} chunks, {len(chosen.schedule.steps)} steps]",
+        ),
+    ]
+    if size is not None:
+        alpha_beta = chosen.verification.alpha_beta_time_s
+        lines.append(f"{'':<12}alpha-beta time {format_time(alpha_beta)} at {format_size(size)}")
+    ring = result.candidate("ring")
+    if ring is not None:
+        lines.append(_bandwidth_line("ring", report_size, ring.t_bw_s_per_byte * report_size, bound))
+    else:
+        lines.append(f"{'ring':<12}n/a (not built for this many ranks)")
+    lines.append(f"{'solved in':<12}{elapsed:.2f} s ({options.solver})")
+    write_atomic(args.output, chosen.schedule.to_json())
+    lines.append(f"{'wrote':<12}{args.output}")
+    print("\n".join(lines))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Handler of ``topocoll verify``."""
+    size = _size(args.size)
+    text = Path(args.schedule).read_text()
+    schedule = Schedule.from_json(text, source=args.schedule)
+    topology = load_topology(args.topology)
+    result = verify(schedule, topology, size_bytes=size, per_message_overhead_s=args.overhead_us * 1e-6)
+    print(f"{'schedule':<12}{args.schedule}: {schedule.collective.value} over {len(schedule.ranks)} ranks, "
+          f"{len(schedule.chunks)} chunks, {len(schedule.steps)} steps ({schedule.name or 'unnamed'})")
+    if not result.ok:
+        print(f"{'correct':<12}NO: {result.error_count} error(s)")
+        for error in result.errors:
+            print(f"{'':<12}{error}")
+        return 1
+    bound = cut_bound(topology, schedule.collective, schedule.ranks, schedule.root)
+    print(f"{'correct':<12}yes")
+    print(f"{'T_bw':<12}{format_time(result.t_bw_s)} at {format_size(size)}"
+          + (f" (bottleneck {result.bottleneck_link[0]} -> {result.bottleneck_link[1]})" if result.bottleneck_link else ""))
+    print(f"{'alpha-beta':<12}{format_time(result.alpha_beta_time_s)} at {format_size(size)}")
+    print(_bandwidth_line("bandwidth", size, result.t_bw_s, bound))
+    print(f"{'bound':<12}algbw {format_bandwidth(bound.algbw_bytes_per_s):>12}")
+    return 0

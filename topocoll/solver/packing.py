@@ -145,10 +145,11 @@ class _Network:
 
     def path(self, pred: np.ndarray, i: int, j: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """Edge indices and node names of the route from rank ``i`` to rank ``j``."""
-        target = self.n + j
+        return self._trace(pred[i], int(self.rank_index[i]), self.n + j)
+
+    def _trace(self, row: np.ndarray, start: int, target: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
         nodes = [target]
-        row = pred[i]
-        while nodes[-1] != self.rank_index[i]:
+        while nodes[-1] != start:
             prev = row[nodes[-1]]
             if prev < 0:
                 raise SolverError("internal: broken route")
@@ -157,6 +158,31 @@ class _Network:
         edges = tuple(self.edge_of[(a, b)] for a, b in zip(nodes, nodes[1:]))
         names = [self.names[k] if k < self.n else self.names[self.rank_index[k - self.n]] for k in nodes]
         return edges, tuple(names)
+
+    def stars(self, root: int, weights: np.ndarray) -> list[list[tuple[int, int, tuple[int, ...], tuple[str, ...]]]]:
+        """One star tree per forwarding neighbour ``w`` of rank ``root``.
+
+        Every other rank is reached directly from the root on a shortest path whose first hop
+        is ``w`` (e.g. one star per NVSwitch plane). Stars that miss a rank are left out.
+        """
+        r = int(self.rank_index[root])
+        first_hops = np.flatnonzero((self.src == r) & (self.dst < self.n))
+        if len(first_hops) == 0:
+            return []
+        graph = csr_matrix((weights, (self.src, self.dst)), shape=(self.size, self.size))
+        neighbours = self.dst[first_hops]
+        dist, pred = dijkstra(graph, directed=True, indices=neighbours, return_predecessors=True)
+        others = [j for j in range(len(self.rank_index)) if j != root]
+        stars = []
+        for k, edge in enumerate(first_hops):
+            if not all(np.isfinite(dist[k, self.n + j]) for j in others):
+                continue
+            arcs = []
+            for j in others:
+                edges, names = self._trace(pred[k], int(neighbours[k]), self.n + j)
+                arcs.append((root, j, (int(edge),) + edges, (self.names[r],) + names))
+            stars.append(arcs)
+        return stars
 
 
 def min_arborescence(cost: np.ndarray, root: int) -> np.ndarray | None:
@@ -334,6 +360,17 @@ def pack_trees(
         column, tree, _ = made
         columns.append(column)
         trees.append(tree)
+        # Stars through each switch plane the root touches: on NVSwitch machines their mix is
+        # the optimum, which saves most of the pricing rounds.
+        for star in net.stars(root, np.full(len(net.cap), hop_cost)):
+            loads: dict[int, float] = {}
+            for _, _, edges, _ in star:
+                for e in edges:
+                    loads[e] = loads.get(e, 0.0) + 1.0
+            star_column = lp.PackingColumn(group_of[root], tuple(sorted(loads.items())))
+            if star_column.loads != column.loads:
+                columns.append(star_column)
+                trees.append(Tree(root, tuple((p, c, names) for p, c, _, names in star), 0.0))
         # Chains along good rings: on switched and hierarchical graphs these are often optimal
         # already, which saves most of the pricing rounds.
         for order in seed_orders:

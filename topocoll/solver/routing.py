@@ -9,9 +9,12 @@ A route from ``src`` to ``dst`` is chosen by, in order:
 3. the fewest *compute relays*: intermediate GPU or host nodes;
 4. the smallest summed ``latency_s``.
 
-Switches, CPUs and NICs forward freely. A compute node (GPU, host process) may forward as
-well, as NCCL's NVB paths forward through an intermediate GPU's NVLinks; rule 3 makes a route
-through a switch win over an otherwise equal one through a GPU. A route only uses nodes and
+Switches, CPUs and NICs forward freely. A compute node (GPU, host process) that is one of the
+route table's nodes (a rank) may forward as well, as NCCL's NVB paths forward through an
+intermediate GPU's NVLinks; rule 3 makes a route through a switch win over an otherwise equal
+one through a GPU. Compute nodes that are not ranks never forward: no program runs there (the
+cut bound leaves them out for the same reason). :func:`widest_path` takes the compute nodes
+allowed to forward as an argument (all of them by default). A route only uses nodes and
 links of the topology, and never visits a node twice. Remaining ties go to the route found
 first, which follows the canonical (natural id) order of the topology's nodes, so routes are
 deterministic.
@@ -96,12 +99,17 @@ class _IndexedGraph:
     neg_bws: tuple[tuple[float, ...], ...]
 
     @classmethod
-    def of(cls, topology: Topology) -> "_IndexedGraph":
+    def of(cls, topology: Topology, members: Iterable[str] = ()) -> "_IndexedGraph":
+        """Index ``topology``; compute nodes outside ``members`` lose their links."""
         ids = tuple(n.id for n in topology.nodes)
         index = {node_id: i for i, node_id in enumerate(ids)}
         is_compute = tuple(n.kind.is_compute for n in topology.nodes)
+        keep = set(members)
+        idle = {n.id for n in topology.nodes if n.kind.is_compute and n.id not in keep}
         out: list[list[tuple[float, int, float]]] = [[] for _ in ids]
         for link in topology.links:
+            if link.src in idle or link.dst in idle:
+                continue
             out[index[link.src]].append((-float(link.bw_bytes_per_s), index[link.dst], float(link.latency_s)))
         for adjacency in out:
             adjacency.sort(key=lambda item: (item[0], item[1]))
@@ -275,7 +283,7 @@ class _Bottlenecks:
         return floors[lo]
 
 
-def widest_path(topology: Topology, src: str, dst: str) -> tuple[str, ...]:
+def widest_path(topology: Topology, src: str, dst: str, relays: Iterable[str] | None = None) -> tuple[str, ...]:
     """The route from ``src`` to ``dst`` by the module's rule (widest, then fewest hops, ...).
 
     For many pairs build a :class:`RouteTable` instead: it indexes the graph once.
@@ -285,6 +293,8 @@ def widest_path(topology: Topology, src: str, dst: str) -> tuple[str, ...]:
     topology : Topology
     src, dst : str
         Node ids.
+    relays : iterable of str, optional
+        Compute nodes allowed to forward (default: every compute node).
 
     Returns
     -------
@@ -312,7 +322,8 @@ def widest_path(topology: Topology, src: str, dst: str) -> tuple[str, ...]:
     >>> widest_path(b.build(), "gpu0", "gpu2")
     ('gpu0', 'gpu1', 'gpu2')
     """
-    graph = _IndexedGraph.of(topology)
+    members = [n.id for n in topology.nodes if n.kind.is_compute] if relays is None else [src, dst, *relays]
+    graph = _IndexedGraph.of(topology, members)
     s, d = graph.node_index(src), graph.node_index(dst)
     if s == d:
         return (src,)
@@ -344,7 +355,7 @@ class RouteTable:
     _asked: set[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        graph = _IndexedGraph.of(self.topology)
+        graph = _IndexedGraph.of(self.topology, self.nodes)
         object.__setattr__(self, "_graph", graph)
         for node in self.nodes:
             graph.node_index(node)  # raises TopologyError for an unknown node

@@ -40,6 +40,8 @@ class Collective(str, enum.Enum):
     @classmethod
     def parse(cls, text: str) -> "Collective":
         """Accept ``allreduce``, ``all_reduce``, ``all-reduce``, ``reducescatter`` and friends."""
+        if isinstance(text, cls):
+            return text
         key = str(text).lower().replace("-", "").replace("_", "")
         for member in cls:
             if member.value.replace("_", "") == key:

@@ -1,0 +1,212 @@
+"""Choosing the schedule to run: synthesized trees or a baseline, for a given message size.
+
+:func:`plan_collective` is the entry point of the solver. It checks the request, computes the cut bound,
+packs trees by LP (:mod:`topocoll.solver.synthesize`), lays them out at several pipeline
+depths, builds the baselines, verifies every candidate, and keeps the one with the lowest
+predicted time: the α-β time at ``size_bytes`` when a size is given (so small messages get
+shallow, low-latency schedules), else the bandwidth time (ties broken by the α-β time at
+:data:`BANDWIDTH_REFERENCE_BYTES`). When the LP fails or runs out of
+time before it found anything, a verified baseline is returned with a warning: never nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topocoll.errors import SolverError
+from topocoll.solver import baselines
+from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.schedule import Collective, Schedule
+from topocoll.solver.synthesize import SynthesisOptions, check_request, layout, pack_for
+from topocoll.solver.verify import Verification, verify
+from topocoll.topo.model import Topology
+
+log = logging.getLogger(__name__)
+
+#: Software cost of one step's messages in the α-β model when nothing better is known: NCCL's
+#: base latency for a ring with the Simple protocol (``baseLat`` in ``src/graph/tuning.cc``).
+DEFAULT_PER_MESSAGE_OVERHEAD_S = 8.4e-6
+
+#: Pipeline depths tried for the synthesized trees.
+PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
+
+#: Above this many ranks only the unpipelined layout is tried, and only baselines whose
+#: schedules stay small (their transfer counts grow as N^2 per pipeline piece).
+LARGE_WORLD_RANKS = 256
+
+
+class PlanStatus(str, enum.Enum):
+    """How the chosen schedule came about."""
+
+    OPTIMAL = "optimal"  # LP trees within the gap of the bound (or proven optimal)
+    LIMIT = "limit"  # LP trees, but column generation stopped at its time limit
+    FALLBACK = "fallback"  # the LP failed; a baseline was chosen instead
+    BASELINE = "baseline"  # a baseline was predicted faster at this size
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One verified candidate schedule and its predicted times."""
+
+    name: str
+    schedule: Schedule
+    verification: Verification
+
+    @property
+    def t_bw_s_per_byte(self) -> float:
+        """Bandwidth time per byte of the collective's size."""
+        return self.verification.t_bw_s_per_byte
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The outcome of :func:`plan_collective`.
+
+    Attributes
+    ----------
+    schedule : Schedule
+        The chosen, verified schedule.
+    status : PlanStatus
+    bound : Bound
+    chosen : Candidate
+    candidates : tuple of Candidate
+        Every verified candidate, the chosen one included.
+    size_bytes : float or None
+    warnings : tuple of str
+    """
+
+    schedule: Schedule
+    status: PlanStatus
+    bound: Bound
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    size_bytes: float | None
+    warnings: tuple[str, ...]
+
+    @property
+    def ratio_to_bound(self) -> float:
+        """``bound / T_bw`` of the chosen schedule (1.0 = optimal)."""
+        return self.bound.time_per_byte_s / self.chosen.t_bw_s_per_byte
+
+    def candidate(self, name: str) -> Candidate | None:
+        """The candidate called ``name`` (e.g. ``"ring"``), if it was built."""
+        return next((c for c in self.candidates if c.name == name), None)
+
+
+#: Without a size, the fastest schedules by bandwidth time tie (pipelining does not change
+#: link loads); the tie goes to the one with the best α-β time at this large size.
+BANDWIDTH_REFERENCE_BYTES = 1 << 30
+
+
+def _choose(candidates: Sequence[Candidate], size_bytes: float | None) -> Candidate:
+    if size_bytes is None:
+        fastest = min(c.t_bw_s_per_byte for c in candidates)
+        candidates = [c for c in candidates if c.t_bw_s_per_byte <= fastest * (1 + 1e-6)]
+    return min(candidates, key=lambda c: (c.verification.alpha_beta_time_s, len(c.schedule.steps)))
+
+
+def plan_collective(
+    topology: Topology,
+    collective: Collective | str,
+    ranks: Sequence[str] | None = None,
+    root: int | None = None,
+    size_bytes: float | None = None,
+    *,
+    per_message_overhead_s: float = DEFAULT_PER_MESSAGE_OVERHEAD_S,
+    options: SynthesisOptions = SynthesisOptions(),
+    baseline_names: Sequence[str] | None = None,
+) -> Plan:
+    """Synthesize, compare and verify: the schedule to run for one collective.
+
+    Parameters
+    ----------
+    topology : Topology
+    collective : Collective or str
+    ranks : sequence of str, optional
+        Rank nodes in rank order (default: all compute nodes of the topology).
+    root : int, optional
+        Root rank for broadcast and reduce.
+    size_bytes : float, optional
+        Message size (nccl-tests convention); chooses pipeline depth and algorithm by the
+        α-β model. Without it the bandwidth-optimal schedule wins.
+    per_message_overhead_s : float
+        Software cost per step in the α-β model.
+    options : SynthesisOptions
+        LP settings (solver, time limit, gap); ``options.pipeline`` is ignored, depths from
+        :data:`PIPELINE_DEPTHS` are compared instead.
+    baseline_names : sequence of str, optional
+        Baselines to compare (default: all of :data:`topocoll.solver.baselines.BASELINES`).
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    SolverError
+        Invalid request: fewer than two ranks, unknown or non-compute rank nodes, a root
+        outside the ranks, ranks that cannot reach each other, a size <= 0.
+    """
+    collective = Collective.parse(collective) if isinstance(collective, str) else collective
+    ranks = tuple(ranks) if ranks is not None else topology.compute_nodes()
+    ranks = check_request(topology, collective, ranks, root)
+    if size_bytes is not None and not size_bytes > 0:
+        raise SolverError(f"size must be > 0 bytes, got {size_bytes}")
+    bound = cut_bound(topology, collective, ranks, root)
+    digest = topology.digest()
+    root = root if collective.is_rooted else None
+    large = len(ranks) > LARGE_WORLD_RANKS
+    warnings: list[str] = []
+    candidates: list[Candidate] = []
+    eval_size = size_bytes if size_bytes is not None else BANDWIDTH_REFERENCE_BYTES
+
+    def consider(name: str, schedule: Schedule) -> None:
+        checked = verify(schedule, topology, size_bytes=eval_size, per_message_overhead_s=per_message_overhead_s)
+        if not checked.ok:
+            # A candidate that does not verify is a bug; never hand it out.
+            log.error("candidate %s failed verification: %s", name, checked.errors[0])
+            return
+        candidates.append(Candidate(name, schedule, checked))
+
+    lp_optimal = False
+    try:
+        gather, scatter = pack_for(topology, collective, ranks, root, bound, options)
+        lp_optimal = all(p.optimal for p in (gather, scatter) if p is not None)
+        depths = (1,) if large else PIPELINE_DEPTHS
+        for depth in depths:
+            name = "lp" if depth == 1 else f"lp-pipeline{depth}"
+            consider(name, layout(collective, ranks, root, gather, scatter, depth, digest, name=name))
+        if not lp_optimal:
+            warnings.append("the LP stopped at its time limit before reaching the bound")
+    except SolverError as exc:
+        warnings.append(f"LP synthesis failed ({exc}); using the best baseline")
+        log.warning("LP synthesis failed: %s", exc)
+
+    names = baseline_names if baseline_names is not None else tuple(baselines.BASELINES)
+    if large:
+        names = [n for n in names if n in ("double_binary_tree", "recursive_doubling")] + (
+            ["ring"] if "ring" in names and collective.is_rooted else []
+        )
+    for name in names:
+        builder = baselines.BASELINES[name]
+        try:
+            schedule = builder(topology, collective, list(ranks), root=root)
+        except SolverError as exc:
+            log.info("baseline %s not applicable: %s", name, exc)
+            continue
+        if schedule.name != name and any(c.name == schedule.name for c in candidates):
+            continue  # a baseline that fell back to another one already present
+        consider(schedule.name or name, schedule)
+    if not candidates:
+        raise SolverError(f"no schedule for {collective.value} over {len(ranks)} ranks verified")
+    chosen = _choose(candidates, size_bytes)
+    if chosen.name.startswith("lp"):
+        status = PlanStatus.OPTIMAL if lp_optimal else PlanStatus.LIMIT
+    elif any(c.name.startswith("lp") for c in candidates):
+        status = PlanStatus.BASELINE
+    else:
+        status = PlanStatus.FALLBACK
+    return Plan(chosen.schedule, status, bound, chosen, tuple(candidates), size_bytes, tuple(warnings))
