@@ -3,9 +3,9 @@
 Packing trees over all ranks at once grows quickly with the rank count. On a cluster of
 identical hosts the optimum has a simple shape when the network is the bottleneck: rank ``i``
 of every host forms a *rail group*; a rank's shard first travels to the rank with the same
-local index on every other host (trees packed over the rail group, through NICs and network
-switches), then every receiver spreads it inside its host (trees packed over the host's ranks,
-through NVLink/NVSwitch/PCIe). The composition of a rail tree and an intra-host tree is a tree
+local index on every other host (a chain along the hosts, out through each rank's own NIC),
+then every receiver spreads it inside its host (trees packed by LP over the host's ranks and
+the host's own links: NVLink/NVSwitch/PCIe). The composition of a rail tree and an intra-host tree is a tree
 over all ranks, so the ordinary layout applies. The packing is reported with its true
 bandwidth time, so its distance to the cut bound stays visible (the intra-host phase is free
 only when the network cut binds).
@@ -17,13 +17,24 @@ bandwidths agree once the ``<host_id>.`` prefix is removed) and renamed for the 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from topocoll.solver.packing import Packing, Tree, pack_trees
+import numpy as np
+
+from topocoll.errors import TopologyError
+from topocoll.solver.bound import cut_bound
+from topocoll.solver.packing import Packing, Tree, _Network, pack_trees
+from topocoll.solver.schedule import Collective
+from topocoll.errors import SolverError, TopocollError
 from topocoll.topo.model import Topology
 
 log = logging.getLogger(__name__)
+
+#: Pieces each host deals out per rank and root group: the intra-host load mix is rounded to
+#: multiples of 1/64 of the LP weights (off by at most one piece per tree).
+MIN_SLOTS_PER_HOST = 64
 
 
 def host_groups(topology: Topology, ranks: Sequence[str]) -> list[list[int]] | None:
@@ -63,6 +74,19 @@ def _host_shape(topology: Topology, host: str) -> tuple | None:
     )
 
 
+def _host_topology(topology: Topology, host: str) -> Topology | None:
+    """The nodes of ``host`` and the links among them; None when its ranks are not joined there."""
+    members = {n.id for n in topology.nodes if n.host_id == host}
+    try:
+        return Topology(
+            [n for n in topology.nodes if n.id in members],
+            [l for l in topology.links if l.src in members and l.dst in members],
+            name=f"{topology.name}[{host}]",
+        )
+    except TopologyError:
+        return None
+
+
 def _rename(tree: Tree, old: str, new: str) -> Tree:
     def move(node_id: str) -> str:
         return new + "." + node_id[len(old) + 1 :] if node_id.startswith(old + ".") else node_id
@@ -79,8 +103,7 @@ def pack_hierarchical(
     solver: str = "highs",
     time_limit_s: float = 60.0,
     gap: float = 1e-4,
-    rail_trees_per_root: int = 1,
-    host_trees_per_root: int = 2,
+    host_trees_per_root: int | None = None,
 ) -> Packing:
     """Pack composed rail x host trees for every rank (see the module docstring).
 
@@ -93,10 +116,9 @@ def pack_hierarchical(
     reverse : bool
         Pack on the reversed graph (reduce-scatter), as :func:`pack_trees` does.
     solver, time_limit_s, gap
-        Passed to the sub-packings (the time limit is split between them).
-    rail_trees_per_root, host_trees_per_root : int
-        Trees kept per root in each sub-packing: the composed count per root is their
-        product, and the chunk count grows with it.
+        Passed to the intra-host packings.
+    host_trees_per_root : int, optional
+        Intra-host trees kept per root (default: all the LP uses).
 
     Returns
     -------
@@ -104,26 +126,16 @@ def pack_hierarchical(
         Trees over all ranks; ``time_per_unit_s`` is not filled in (0) — verify the schedule.
     """
     n_local = len(groups[0])
+    kind = Collective.REDUCE_SCATTER if reverse else Collective.ALLGATHER
+
     hosts = [topology.node(ranks[g[0]]).host_id for g in groups]
-    budget = time_limit_s / (n_local + 1)
-    # Rail trees: over the hosts' rank with local index i.
-    rails: list[Packing] = []
-    for i in range(n_local):
-        members = [ranks[g[i]] for g in groups]
-        rails.append(
-            pack_trees(
-                topology,
-                members,
-                range(len(members)),
-                reverse=reverse,
-                solver=solver,
-                time_limit_s=budget,
-                gap=gap,
-                max_trees_per_root=rail_trees_per_root,
-                seed_orders=[list(range(len(members)))],
-            )
-        )
-    # Host trees: once per host shape.
+    budget = time_limit_s
+    # Rail trees: a chain along the hosts in order, for every member of every rail, each hop on
+    # the fewest-hop route (out through the member's own NIC). Packing rails separately by LP
+    # would let each rail borrow the other rails' NICs through the host's PCIe tree.
+    rails = [_rail_chains(topology, [ranks[g[i]] for g in groups], reverse) for i in range(n_local)]
+    rail_links = {hop for rail in rails for tree in rail.trees for _, _, path in tree.arcs for hop in zip(path, path[1:])}
+    # Host trees: packed inside the host's own subgraph, once per host shape.
     solved: dict[tuple, tuple[str, Packing]] = {}
     per_host: list[Packing] = []
     for host, group in zip(hosts, groups):
@@ -132,9 +144,11 @@ def pack_hierarchical(
             first_host, packing = solved[shape]
             per_host.append(replace(packing, trees=tuple(_rename(t, first_host, host) for t in packing.trees)))
             continue
+        inside = _host_subgraph(topology, host, rail_links)
+        members = [ranks[k] for k in group]
         packing = pack_trees(
-            topology,
-            [ranks[k] for k in group],
+            inside,
+            members,
             range(n_local),
             reverse=reverse,
             solver=solver,
@@ -142,40 +156,87 @@ def pack_hierarchical(
             gap=gap,
             max_trees_per_root=host_trees_per_root,
             seed_orders=[list(range(n_local))],
+            target_time_per_unit_s=cut_bound(inside, kind, members).time_per_byte_s * n_local,
         )
         if shape is not None:
             solved[shape] = (host, packing)
         per_host.append(packing)
+    # Each root's shard is cut into `copies` pieces. A host spreads the k * copies pieces that
+    # arrive on its rail member i with its own intra-host trees of root i, dealt out in
+    # proportion to their LP weights, so the host's links carry the LP's load mix without
+    # multiplying the chunk count by the number of intra-host trees.
+    n_hosts = len(groups)
+    copies = max(1, math.ceil(MIN_SLOTS_PER_HOST / n_hosts))
+    slots = n_hosts * copies
+    dealt = [[_deal([t for t in per_host[o].trees if t.root == i], slots) for i in range(n_local)] for o in range(n_hosts)]
     composed: list[Tree] = []
     for h, group in enumerate(groups):
         for i in range(n_local):
             root = group[i]
-            for rail_tree in (t for t in rails[i].trees if t.root == h):
-                for host_tree in (t for t in per_host[h].trees if t.root == i):
-                    arcs = [(groups[p][i], groups[c][i], path) for p, c, path in rail_tree.arcs]
-                    # Every host spreads the shard once its rail member has it.
-                    for other, other_group in enumerate(groups):
-                        local = per_host[other].trees if other != h else None
-                        tree = host_tree if local is None else _matching(per_host[other].trees, host_tree)
-                        arcs.extend((other_group[p], other_group[c], path) for p, c, path in tree.arcs)
-                    composed.append(Tree(root, _bfs(root, arcs), rail_tree.weight * host_tree.weight))
+            rail_tree = next(t for t in rails[i].trees if t.root == h)
+            for j in range(copies):
+                arcs = [(groups[p][i], groups[c][i], path) for p, c, path in rail_tree.arcs]
+                for other, other_group in enumerate(groups):
+                    tree = dealt[other][i][h * copies + j]
+                    arcs.extend((other_group[p], other_group[c], path) for p, c, path in tree.arcs)
+                composed.append(Tree(root, _bfs(root, arcs), 1.0 / copies))
     log.info("hierarchical packing: %d hosts x %d ranks, %d composed trees", len(groups), n_local, len(composed))
     return Packing(
         tuple(composed),
         0.0,
-        all(p.optimal for p in rails) and all(p.optimal for p in per_host),
-        sum(p.iterations for p in rails) + sum(p.iterations for p in per_host),
-        rails[0].solver,
+        all(p.optimal for p in per_host),
+        sum(p.iterations for p in per_host),
+        per_host[0].solver,
     )
 
 
-def _matching(trees: Sequence[Tree], like: Tree) -> Tree:
-    """The tree of another host with the same root and position as ``like`` in its host."""
-    same_root = [t for t in trees if t.root == like.root]
-    for tree in same_root:
-        if [(p, c) for p, c, _ in tree.arcs] == [(p, c) for p, c, _ in like.arcs]:
-            return tree
-    return same_root[0]
+def _host_subgraph(topology: Topology, host: str, rail_links: set[tuple[str, str]]) -> Topology:
+    """The nodes of ``host`` and the links among them, less the links the rails use.
+
+    The rails' traffic crosses the links from each rank to its NIC; leaving them to the rails
+    keeps the intra-host trees off them. When the host falls apart without them (a PCIe-only
+    host), they stay.
+    """
+    members = {n.id for n in topology.nodes if n.host_id == host}
+    nodes = [n for n in topology.nodes if n.id in members]
+    inside = [l for l in topology.links if l.src in members and l.dst in members]
+    spare = [l for l in inside if (l.src, l.dst) not in rail_links and (l.dst, l.src) not in rail_links]
+    try:
+        return Topology(nodes, spare, name=f"{topology.name}:{host}")
+    except TopocollError:
+        return Topology(nodes, inside, name=f"{topology.name}:{host}")
+
+
+def _rail_chains(topology: Topology, members: Sequence[str], reverse: bool) -> Packing:
+    """For every member, the chain through the others in order (a ring rotated to start there)."""
+    net = _Network(topology, members, reverse)
+    cost, pred = net.routes(np.ones(len(net.cap)))
+    n = len(members)
+    trees = []
+    for root in range(n):
+        order = [(root + k) % n for k in range(n)]
+        arcs = []
+        for a, b in zip(order, order[1:]):
+            if not np.isfinite(cost[a, b]):
+                raise SolverError(f"{members[b]} cannot be reached from {members[a]} across the network")
+            arcs.append((a, b, net.path(pred, a, b)[1]))
+        trees.append(Tree(root, tuple(arcs), 1.0))
+    return Packing(tuple(trees), 0.0, True, 0, "")
+
+
+def _deal(trees: Sequence[Tree], slots: int) -> list[Tree]:
+    """``slots`` picks from ``trees`` in proportion to their weights (stratified rounding)."""
+    picks, cumulative, t = [], 0.0, 0
+    bounds = []
+    for tree in trees:
+        cumulative += tree.weight
+        bounds.append(cumulative)
+    for s in range(slots):
+        point = (s + 0.5) / slots * cumulative
+        while t < len(trees) - 1 and bounds[t] <= point:
+            t += 1
+        picks.append(trees[t])
+    return picks
 
 
 def _bfs(root: int, arcs: list[tuple[int, int, tuple[str, ...]]]) -> tuple[tuple[int, int, tuple[str, ...]], ...]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components, dijkstra
+from scipy.sparse.csgraph import dijkstra
 
 from topocoll.errors import SolverError
 from topocoll.solver import lp
@@ -214,16 +214,28 @@ def min_arborescence(cost: np.ndarray, root: int) -> np.ndarray | None:
     best[root] = 0.0
     if not np.all(np.isfinite(best)):
         return None
-    # The cheapest in-arcs form a functional graph; its cycles are its non-trivial strongly
-    # connected components.
-    arcs = np.flatnonzero(pred >= 0)
-    functional = csr_matrix((np.ones(len(arcs)), (pred[arcs], arcs)), shape=(n, n))
-    _, label = connected_components(functional, directed=True, connection="strong")
-    sizes_by_label = np.bincount(label)
-    if sizes_by_label.max() == 1:
+    # The cheapest in-arcs form a functional graph. Following parents 2^k >= n times lands on
+    # a cycle (or the root), so the image of that jump is the set of cycle nodes; a cycle is
+    # named by its smallest node, found by the same pointer doubling.
+    parent = pred.copy()
+    parent[root] = root
+    rounds = max(1, int(np.ceil(np.log2(n))) + 1)
+    jump = parent
+    for _ in range(rounds):
+        jump = jump[jump]
+    in_cycle = np.zeros(n, dtype=bool)
+    in_cycle[jump] = True
+    in_cycle[root] = False
+    if not in_cycle.any():
         return pred
-    m = len(sizes_by_label)
-    in_cycle = sizes_by_label[label] > 1
+    low = np.where(in_cycle, np.arange(n), n)
+    step = parent
+    for _ in range(rounds):
+        low = np.where(in_cycle, np.minimum(low, low[step]), low)
+        step = step[step]
+    _, label = np.unique(np.where(in_cycle, low, n + np.arange(n)), return_inverse=True)
+    label = label.reshape(-1)
+    m = int(label.max()) + 1
     # Entering a cycle at v replaces v's cycle arc: charge the difference.
     adjusted = cost - np.where(in_cycle, best, 0.0)[None, :]
     adjusted[label[:, None] == label[None, :]] = np.inf

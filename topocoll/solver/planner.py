@@ -33,9 +33,14 @@ DEFAULT_PER_MESSAGE_OVERHEAD_S = 8.4e-6
 #: Pipeline depths tried for the synthesized trees.
 PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
 
-#: Above this many ranks only the unpipelined layout is tried, and only baselines whose
-#: schedules stay small (their transfer counts grow as N^2 per pipeline piece).
+#: Above this many ranks only the unpipelined layout is tried, and baselines only for small
+#: messages (schedules grow as N^2 transfers per pipeline piece; building and verifying the
+#: alternatives would cost more than the synthesis).
 LARGE_WORLD_RANKS = 256
+
+#: "Small" for :data:`LARGE_WORLD_RANKS`: at 1 MiB over 256+ ranks each rank's share is at
+#: most 4 KiB, where per-step latency dominates and the low-latency baselines can win.
+SMALL_MESSAGE_BYTES = 1 << 20
 
 
 class PlanStatus(str, enum.Enum):
@@ -186,10 +191,11 @@ def plan_collective(
         log.warning("LP synthesis failed: %s", exc)
 
     names = baseline_names if baseline_names is not None else tuple(baselines.BASELINES)
-    if large:
-        names = [n for n in names if n in ("double_binary_tree", "recursive_doubling")] + (
-            ["ring"] if "ring" in names and collective.is_rooted else []
-        )
+    if large and baseline_names is None:
+        # Building and verifying baselines costs as much as synthesis here; only the
+        # low-latency ones can win, and only for small messages (or when the LP failed).
+        small = size_bytes is not None and size_bytes <= SMALL_MESSAGE_BYTES
+        names = ["double_binary_tree", "recursive_doubling"] if small or not candidates else []
     for name in names:
         builder = baselines.BASELINES[name]
         try:
