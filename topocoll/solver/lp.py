@@ -81,6 +81,13 @@ def _solver(name: str, time_limit_s: float | None) -> pulp.LpSolver:
     raise SolverError(f"unknown LP solver {name!r}; choose one of {', '.join(SOLVERS)}")
 
 
+def _variable(problem: pulp.LpProblem, name: str) -> pulp.LpVariable:
+    """A continuous variable >= 0 attached to ``problem`` (PuLP 4 style where available)."""
+    if hasattr(problem, "add_variable"):
+        return problem.add_variable(name, lowBound=0)
+    return pulp.LpVariable(name, lowBound=0)
+
+
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
     """Silence the C library's banner, which HiGHS writes straight to file descriptor 1."""
@@ -120,8 +127,8 @@ def solve_packing(
         ``status`` says whether the values can be trusted; duals are zero unless optimal.
     """
     problem = pulp.LpProblem("tree_packing", pulp.LpMinimize)
-    tau = pulp.LpVariable("tau", lowBound=0)
-    weights = [pulp.LpVariable(f"y{k}", lowBound=0) for k in range(len(columns))]
+    tau = _variable(problem, "tau")
+    weights = [_variable(problem, f"y{k}") for k in range(len(columns))]
     problem += tau
     by_group: list[list[pulp.LpVariable]] = [[] for _ in range(n_groups)]
     by_edge: dict[int, list[tuple[pulp.LpVariable, float]]] = {}
@@ -129,13 +136,18 @@ def solve_packing(
         by_group[column.group].append(var)
         for edge, load in column.loads:
             by_edge.setdefault(edge, []).append((var, -load))
+    group_rows = []
     for g, members in enumerate(by_group):
         if not members:
             raise SolverError(f"group {g} has no column")
-        problem += pulp.LpConstraint(pulp.LpAffineExpression([(v, 1.0) for v in members]), pulp.LpConstraintEQ, f"g{g}", 1.0)
+        row = pulp.LpConstraint(pulp.LpAffineExpression([(v, 1.0) for v in members]), pulp.LpConstraintEQ, f"g{g}", 1.0)
+        problem += row
+        group_rows.append(row)
+    edge_rows = {}
     for edge, terms in sorted(by_edge.items()):
         expr = pulp.LpAffineExpression(terms + [(tau, capacities[edge])])
-        problem += pulp.LpConstraint(expr, pulp.LpConstraintGE, f"e{edge}", 0.0)
+        edge_rows[edge] = pulp.LpConstraint(expr, pulp.LpConstraintGE, f"e{edge}", 0.0)
+        problem += edge_rows[edge]
     with _quiet_stdout():
         code = problem.solve(_solver(solver, time_limit_s))
     status_text = pulp.LpStatus.get(code, "Undefined")
@@ -150,10 +162,10 @@ def solve_packing(
     log.debug("packing LP (%s): %d columns, %d edges, status %s", solver, len(columns), len(by_edge), status.value)
     if status is not LPStatus.OPTIMAL:
         return PackingSolution(status, float(tau.value() or 0.0), tuple(float(v.value() or 0.0) for v in weights), (), (), solver)
-    group_duals = tuple(float(problem.constraints[f"g{g}"].pi or 0.0) for g in range(n_groups))
+    group_duals = tuple(float(row.pi or 0.0) for row in group_rows)
     edge_duals = [0.0] * len(capacities)
-    for edge in by_edge:
-        edge_duals[edge] = max(0.0, float(problem.constraints[f"e{edge}"].pi or 0.0))
+    for edge, row in edge_rows.items():
+        edge_duals[edge] = max(0.0, float(row.pi or 0.0))
     return PackingSolution(
         status,
         float(tau.value()),
