@@ -130,7 +130,17 @@ class _FlowNetwork:
         return result.flow_value / scale, len(all_cap) / scale, reach[:s]
 
 
-def _check_ranks(topology: Topology, ranks: Sequence[str]) -> tuple[str, ...]:
+def check_request(topology: Topology, collective: Collective, ranks: Sequence[str], root: int | None) -> tuple[str, ...]:
+    """Validate a request for ``collective`` over ``ranks``; returns the ranks as a tuple.
+
+    Raises
+    ------
+    SolverError
+        Fewer than two ranks, repeated ranks, non-compute rank nodes, or (for broadcast and
+        reduce) a root outside the ranks.
+    TopologyError
+        A rank that is not a node of the topology.
+    """
     ranks = tuple(ranks)
     if len(ranks) < 2:
         raise SolverError(f"a collective needs at least 2 ranks, got {len(ranks)}")
@@ -140,6 +150,8 @@ def _check_ranks(topology: Topology, ranks: Sequence[str]) -> tuple[str, ...]:
         node = topology.node(node_id)
         if not node.kind.is_compute:
             raise SolverError(f"rank node {node_id} is a {node.kind.value}, not a gpu or host")
+    if collective.is_rooted and (root is None or not 0 <= root < len(ranks)):
+        raise SolverError(f"{collective.value}: root must be a rank in 0..{len(ranks) - 1}, got {root}")
     return ranks
 
 
@@ -228,11 +240,9 @@ def cut_bound(topology: Topology, collective: Collective, ranks: Sequence[str], 
     >>> cut_bound(b.build(), Collective.ALLGATHER, ["gpu0", "gpu1"]).time_s(2e9)
     0.04
     """
-    ranks = _check_ranks(topology, ranks)
+    ranks = check_request(topology, collective, ranks, root)
     n = len(ranks)
     if collective.is_rooted:
-        if root is None or not (0 <= root < n):
-            raise SolverError(f"{collective.value}: root must be a rank in 0..{n - 1}, got {root}")
         rate, binding = _broadcast_rate(topology, ranks, root, reverse=collective is Collective.REDUCE)
         return Bound(collective, ranks, 1.0 / rate, binding, root)
     if collective is Collective.ALLGATHER:

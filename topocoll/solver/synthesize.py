@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topocoll.errors import SolverError
-from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.bound import Bound, check_request, cut_bound
 from topocoll.solver.hierarchy import host_groups, pack_hierarchical
 from topocoll.solver.packing import Packing, Tree, pack_trees
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
@@ -76,21 +76,6 @@ def _is_symmetric(topology: Topology) -> bool:
     return all(
         topology.has_link(l.dst, l.src) and topology.capacity(l.dst, l.src) == l.bw_bytes_per_s for l in topology.links
     )
-
-
-def check_request(topology: Topology, collective: Collective, ranks: Sequence[str], root: int | None) -> tuple[str, ...]:
-    ranks = tuple(ranks)
-    if len(ranks) < 2:
-        raise SolverError(f"a collective needs at least 2 ranks, got {len(ranks)}")
-    if len(set(ranks)) != len(ranks):
-        raise SolverError("ranks must be distinct topology nodes")
-    for node_id in ranks:
-        node = topology.node(node_id)
-        if not node.kind.is_compute:
-            raise SolverError(f"rank node {node_id} is a {node.kind.value}, not a gpu or host")
-    if collective.is_rooted and (root is None or not 0 <= root < len(ranks)):
-        raise SolverError(f"{collective.value}: root must be a rank in 0..{len(ranks) - 1}, got {root}")
-    return ranks
 
 
 def pack_for(
