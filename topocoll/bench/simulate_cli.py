@@ -1,9 +1,298 @@
-"""Subcommands of this area (filled in by its owner)."""
+"""``topocoll simulate``: the benchmark's table, predicted by the α-β model.
+
+For one topology and one collective it predicts time, algbw and busbw per size for topocoll's
+schedule (synthesized, or read with ``--schedule``) and for the baselines (ring, double binary
+tree, hierarchical), next to the cut bound, in the same nccl-tests-style table the benchmark
+prints, so that schedules can be compared before the machines exist.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from topocoll.errors import ScheduleError, TopocollError
+
+__all__ = ["register", "run_simulate", "simulate_report", "parse_ranks", "DEFAULT_BASELINES"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASELINES = ("ring", "double_binary_tree", "hierarchical")
+"""The baselines compared by default (names of :data:`topocoll.solver.baselines.BASELINES`)."""
+
+TOPOCOLL_LABEL = "topocoll"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this area's subcommands to the ``topocoll`` parser."""
+    """Add ``simulate`` to the ``topocoll`` parser."""
+    parser = subparsers.add_parser(
+        "simulate",
+        help="predict time and bandwidth per size for topocoll's schedule and the baselines",
+        description=(
+            "Predict the nccl-tests table (time, algbw, busbw per size) from the alpha-beta model for "
+            "topocoll's schedule and the ring, double-binary-tree and hierarchical baselines, next to the cut bound."
+        ),
+    )
+    parser.add_argument("--topology", required=True, metavar="FILE", help="topology file (JSON, NCCL XML, nvidia-smi or rocm-smi text)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--schedule", metavar="FILE", help="topocoll's schedule to evaluate (JSON); sets the collective and ranks")
+    what.add_argument("--collective", help="synthesize a schedule for this collective (allreduce, allgather, reduce_scatter, broadcast, reduce)")
+    parser.add_argument("--sizes", default="1K:1G", help="MIN:MAX[:FACTOR] (factor 2 by default) or a comma list; K/M/G suffixes (default 1K:1G)")
+    parser.add_argument("--ranks", help="the ranks' nodes, comma-separated, or a number N for the first N compute nodes (default: all)")
+    parser.add_argument("--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    parser.add_argument("-d", "--datatype", default="float", help="element type for the count column (default float)")
+    parser.add_argument("--baselines", default=",".join(DEFAULT_BASELINES), help=f"comma list, or 'none' (default {','.join(DEFAULT_BASELINES)})")
+    parser.add_argument(
+        "--overhead-us", type=float, default=None,
+        help="software overhead per step's messages in microseconds (default: the planner's, NCCL's base ring latency)",
+    )
+    parser.add_argument("-J", "--json", metavar="FILE", help="write the predictions as JSON")
+    parser.add_argument("--csv", metavar="FILE", help="write the table as CSV")
+    parser.add_argument("--plot", metavar="FILE", help="plot predicted busbw against size (PNG)")
+    parser.set_defaults(func=run_simulate)
+
+
+def parse_ranks(text: str | None, compute_nodes: Sequence[str]) -> tuple[str, ...]:
+    """Nodes named by ``--ranks``: None (all), ``N`` (the first N) or ``a,b,c``.
+
+    Raises
+    ------
+    ScheduleError
+        A count out of range, an unknown or repeated node.
+
+    Examples
+    --------
+    >>> parse_ranks("2", ("gpu0", "gpu1", "gpu2"))
+    ('gpu0', 'gpu1')
+    """
+    compute = tuple(compute_nodes)
+    if text is None or not text.strip():
+        return compute
+    text = text.strip()
+    if text.isdigit():
+        n = int(text)
+        if not 2 <= n <= len(compute):
+            raise ScheduleError(f"--ranks {n}: the topology has {len(compute)} compute nodes, pick 2..{len(compute)}")
+        return compute[:n]
+    nodes = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in nodes if n not in compute]
+    if unknown:
+        raise ScheduleError(f"--ranks: {unknown[0]!r} is not a compute node of the topology ({', '.join(compute[:6])}{' ...' if len(compute) > 6 else ''})")
+    if len(set(nodes)) != len(nodes):
+        raise ScheduleError("--ranks: a node is named twice")
+    if len(nodes) < 2:
+        raise ScheduleError("--ranks: a collective needs at least 2 ranks")
+    return nodes
+
+
+def planned_candidates(topology: Any, collective: Any, ranks: tuple[str, ...], root: int | None, per_message_overhead_s: float) -> tuple[Any, ...]:
+    """Every verified schedule topocoll's planner weighs (synthesized layouts and baselines).
+
+    :func:`topocoll.solver.plan` picks, for a given size, the candidate with the lowest α-β
+    time; the candidates themselves do not depend on the size, so they are built once and the
+    choice is replayed per size by :func:`simulate_report`.
+    """
+    from topocoll.solver import plan_collective
+
+    # by name: the planner parses the collective from text
+    result = plan_collective(topology, collective.value, list(ranks), root=root, per_message_overhead_s=per_message_overhead_s)
+    for warning in result.warnings:
+        log.warning("%s", warning)
+    return tuple(c.schedule for c in result.candidates)
+
+
+def simulate_report(
+    topology: Any,
+    collective: Any,
+    ranks: tuple[str, ...],
+    sizes: Sequence[int],
+    *,
+    root: int | None = None,
+    schedule: Any = None,
+    baselines: Sequence[str] = DEFAULT_BASELINES,
+    dtype_name: str = "float",
+    per_message_overhead_s: float = 0.0,
+    config: dict[str, Any] | None = None,
+    make_candidates: Callable[..., tuple[Any, ...]] = planned_candidates,
+) -> Any:
+    """Predict the benchmark table for topocoll's schedule and the baselines.
+
+    Parameters
+    ----------
+    topology : Topology
+    collective : Collective
+    ranks : tuple of str
+        Rank nodes in rank order.
+    sizes : sequence of int
+        nccl-tests sizes S in bytes.
+    root : int, optional
+        Root of broadcast / reduce.
+    schedule : Schedule, optional
+        topocoll's schedule. When None, topocoll's series is, at each size, the candidate of
+        :func:`planned_candidates` with the lowest predicted time (what ``plan`` would run).
+    baselines : sequence of str
+        Names in :data:`topocoll.solver.baselines.BASELINES`.
+    dtype_name : str
+        nccl-tests type name for the ``count`` column.
+    per_message_overhead_s : float
+        α beyond the links' latency, per step.
+    config : dict, optional
+        Extra settings to record in the report.
+    make_candidates : callable
+        ``(topology, collective, ranks, root, per_message_overhead_s) -> schedules`` to choose
+        topocoll's schedule from.
+
+    Returns
+    -------
+    Report
+        ``kind="simulate"``, series ``topocoll`` then the baselines; a baseline that cannot
+        build this collective gets empty cells (logged).
+    """
+    from topocoll.bench.metrics import COLLECTIVES, dtype_by_name
+    from topocoll.bench.report import Measurement, Report, Row
+    from topocoll.solver.baselines import BASELINES
+    from topocoll.solver.bound import cut_bound
+    from topocoll.solver.cost import simulate
+
+    spec = COLLECTIVES[collective]
+    dtype_name, dtype = dtype_by_name(dtype_name)
+    itemsize = dtype.itemsize
+    n = len(ranks)
+    root = root if spec.rooted else None
+    if spec.rooted and not (root is not None and 0 <= root < n):
+        raise ScheduleError(f"--root {root} is not a rank of {n} (0..{n - 1})")
+    unknown = [b for b in baselines if b not in BASELINES]
+    if unknown:
+        raise ScheduleError(f"unknown baseline {unknown[0]!r}; expected some of {', '.join(BASELINES)}")
+    candidates = (schedule,) if schedule is not None else make_candidates(topology, collective, ranks, root, per_message_overhead_s)
+    baseline_schedules: list[tuple[str, Any]] = []
+    for name in baselines:
+        try:
+            baseline_schedules.append((name, BASELINES[name](topology, collective, list(ranks), root=root)))
+        except TopocollError as exc:
+            log.warning("baseline %s: %s", name, exc)
+            baseline_schedules.append((name, None))
+    counts = [spec.counts(size, itemsize, n) for size in sizes]
+    counts = [c for c in counts if c.in_count > 0 and c.out_count > 0]
+    effective = [c.size_bytes for c in counts]
+
+    def predict(sched: Any) -> list[Measurement]:
+        points = simulate(sched, topology, effective, per_message_overhead_s)
+        return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points]
+
+    # topocoll's series: at each size the candidate plan() would pick (lowest time, then fewest steps)
+    per_candidate = [predict(c) for c in candidates]
+    chosen: list[Any] = []
+    topocoll_column: list[Measurement] = []
+    for i in range(len(effective)):
+        best = min(range(len(candidates)), key=lambda k: (per_candidate[k][i].time_s, len(candidates[k].steps)))
+        chosen.append(candidates[best])
+        topocoll_column.append(per_candidate[best][i])
+    columns: list[list[Measurement | None]] = [list(topocoll_column)]
+    for _name, sched in baseline_schedules:
+        columns.append(list(predict(sched)) if sched is not None else [None] * len(effective))
+    predicted = list(zip(*columns)) if effective else []
+    bound = cut_bound(topology, collective, ranks, root)
+    rows = tuple(
+        Row(
+            size_bytes=c.size_bytes,
+            count=c.count,
+            dtype=dtype_name,
+            redop="sum" if spec.reduces else "none",
+            root=root if spec.rooted else -1,
+            results=tuple(results),
+            bound_time_s=bound.time_s(c.size_bytes),
+        )
+        for c, results in zip(counts, predicted)
+    )
+    digest = topology.digest()
+    picked = sorted({(s.name or "unnamed", len(s.steps)) for s in chosen})
+    topocoll_text = ", ".join(f"{name} ({steps} steps)" for name, steps in picked) or "-"
+    baseline_text = ", ".join(f"{label} {len(s.steps)} steps" for label, s in baseline_schedules if s is not None)
+    source = "given schedule" if schedule is not None else f"plan's choice among {len(candidates)} verified candidates per size"
+    header = (
+        f"topocoll simulate {collective.value}: {n} ranks of {topology.name or '(unnamed)'} ({digest[:19]}...), "
+        f"alpha-beta model, per-message overhead {per_message_overhead_s * 1e6:g} us",
+        f"Ranks: {', '.join(ranks)}" + (f"; root {root}" if root is not None else ""),
+        f"topocoll: {source}: {topocoll_text}",
+        f"Baselines: {baseline_text or 'none'}",
+        "speedup = fastest baseline time / topocoll time; bound = cut-bound algbw; %bound = topocoll algbw / bound",
+        "Predicted, not measured: steps are barriers, links are shared fluidly, arithmetic is free.",
+    )
+    settings = {
+        "topology": {"name": topology.name, "digest": digest, "notes": list(topology.notes), "nodes": list(ranks)},
+        "collective": collective.value,
+        "sizes_bytes": effective,
+        "root": root,
+        "datatype": dtype_name,
+        "per_message_overhead_s": per_message_overhead_s,
+        "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
+        "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
+    }
+    settings.update(config or {})
+    return Report(
+        kind="simulate",
+        collective=collective,
+        world_size=n,
+        series=(TOPOCOLL_LABEL, *(label for label, _ in baseline_schedules)),
+        rows=rows,
+        header=header,
+        config=settings,
+        ranks=tuple({"rank": i, "node": node} for i, node in enumerate(ranks)),
+        checked=False,
+        show_wrong=False,
+    )
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Handler of ``topocoll simulate``; prints the table, writes the requested files."""
+    from topocoll.bench.metrics import BenchArgumentError
+    from topocoll.bench.sizes import parse_size_range
+    from topocoll.solver.schedule import Collective, Schedule
+    from topocoll.topo.io import load_topology
+
+    from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S
+
+    sizes = parse_size_range(args.sizes)
+    overhead_s = DEFAULT_PER_MESSAGE_OVERHEAD_S if args.overhead_us is None else args.overhead_us * 1e-6
+    if not overhead_s >= 0:
+        raise BenchArgumentError(f"--overhead-us must be >= 0, got {args.overhead_us}")
+    for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise BenchArgumentError(f"{option} {path}: directory {Path(path).resolve().parent} does not exist")
+    topology = load_topology(args.topology)
+    schedule = None
+    if args.schedule:
+        schedule = Schedule.from_json(Path(args.schedule).read_text(encoding="utf-8"), source=args.schedule)
+        collective = schedule.collective
+        for node in schedule.ranks:
+            topology.node(node)
+        if schedule.topology_digest and schedule.topology_digest != topology.digest():
+            raise ScheduleError(f"{args.schedule}: made for another topology ({schedule.topology_digest[:19]}...) than {args.topology}")
+        ranks = schedule.ranks
+        if args.ranks and parse_ranks(args.ranks, topology.compute_nodes()) != ranks:
+            raise ScheduleError(f"--ranks differs from the ranks of {args.schedule} ({', '.join(ranks)})")
+        root = schedule.root
+    else:
+        collective = Collective.parse(args.collective)
+        ranks = parse_ranks(args.ranks, topology.compute_nodes())
+        root = args.root
+    baselines = () if args.baselines.strip().lower() == "none" else tuple(b.strip() for b in args.baselines.split(",") if b.strip())
+    report = simulate_report(
+        topology,
+        collective,
+        ranks,
+        sizes,
+        root=root,
+        schedule=schedule,
+        baselines=baselines,
+        dtype_name=args.datatype,
+        per_message_overhead_s=overhead_s,
+    )
+    sys.stdout.write(report.to_text())
+    report.write_outputs(args.json, args.csv, args.plot)
+    return 0

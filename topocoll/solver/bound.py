@@ -116,7 +116,9 @@ class _FlowNetwork:
         all_src = np.concatenate([self.src, np.full(len(extra_dst), s, dtype=np.int64)])
         all_dst = np.concatenate([self.dst, extra_dst])
         all_cap = np.concatenate([self.cap, extra_cap])
-        scale = _INT_SCALE_MAX / max(float(all_cap.sum()), 1e-300)
+        total = float(all_cap.sum())
+        # No capacity at all (ranks cut off from each other): any finite scale gives flow 0.
+        scale = _INT_SCALE_MAX / total if total > 0 else 1.0
         int_cap = np.floor(all_cap * scale).astype(np.int32)
         graph = csr_matrix((int_cap, (all_src, all_dst)), shape=(s + 1, s + 1))
         graph.sum_duplicates()

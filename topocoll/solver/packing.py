@@ -21,6 +21,7 @@ All functions are pure except for reading a monotonic clock to honour the time l
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -398,6 +399,7 @@ def pack_trees(
     best: tuple[lp.PackingSolution, list[Tree]] | None = None
     solver_used = solver
     age = [0] * len(columns)
+    last_tau = math.inf
     while True:
         iterations += 1
         remaining = max(1.0, deadline - time.monotonic())
@@ -416,8 +418,14 @@ def pack_trees(
         if time.monotonic() > deadline:
             break
         # Keep the master small (PuLP rebuilds it every round): drop trees that carried
-        # nothing for a few rounds; pricing brings them back if they are needed again.
-        keep = [k for k in range(len(columns)) if solution.weights[k] > 0 or age[k] < _KEEP_UNUSED_ROUNDS]
+        # nothing for a few rounds; pricing brings them back if they are needed again. Only
+        # after a round that lowered tau: dropping during a degenerate stall lets pricing
+        # bring the same trees back round after round without end.
+        improved = solution.tau < last_tau * (1 - 1e-9)
+        last_tau = min(last_tau, solution.tau)
+        keep = [
+            k for k in range(len(columns)) if solution.weights[k] > 0 or age[k] < _KEEP_UNUSED_ROUNDS or not improved
+        ]
         columns = [columns[k] for k in keep]
         trees = [trees[k] for k in keep]
         age = [age[k] + 1 for k in keep]

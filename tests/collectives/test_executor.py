@@ -1,0 +1,134 @@
+"""The executor with an in-process transport (:mod:`tests.collectives.fakes`): one thread per
+rank, messages through a mailbox."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+
+from tests.collectives.fakes import Mailbox, Transport
+from tests.collectives.handmade import chain, direct, ring
+from topocoll.collectives.executor import Executor, Reduction, check_reduction, combine
+from topocoll.collectives.lower import lower_all
+from topocoll.errors import CollectiveError
+from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
+
+NODES = ("host0", "host1", "host2", "host3")
+
+
+def run_all(schedule, buffers, reduction, timeout_s=5.0, skip_rank=None):
+    """Run every rank's program in its own thread; returns the exceptions by rank."""
+    programs = lower_all(schedule, buffers[0].numel())
+    box = Mailbox()
+    errors = {}
+
+    def body(rank):
+        try:
+            Executor(Transport(box, rank), rank, timedelta(seconds=timeout_s)).run(programs[rank], buffers[rank], reduction)
+        except Exception as exc:  # collected for the assertions
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(buffers)) if r != skip_rank]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return errors
+
+
+def reference(inputs, reduction):
+    result = inputs[0].clone()
+    for other in inputs[1:]:
+        combine(reduction, result, other)
+    return result
+
+
+@pytest.mark.parametrize(
+    "reduction,dtype",
+    [
+        (Reduction.SUM, torch.int64),
+        (Reduction.PRODUCT, torch.int32),
+        (Reduction.MIN, torch.float32),
+        (Reduction.MAX, torch.int8),
+        (Reduction.BAND, torch.int16),
+        (Reduction.BOR, torch.uint8),
+        (Reduction.BXOR, torch.int64),
+        (Reduction.MAX, torch.bool),
+    ],
+)
+@pytest.mark.parametrize("builder", [ring, direct])
+def test_allreduce_schedules_reduce_with_every_op(reduction, dtype, builder):
+    g = torch.Generator().manual_seed(7)
+    inputs = [torch.randint(0, 5, (37,), generator=g).to(dtype) for _ in NODES]
+    expected = reference(inputs, reduction)  # independent: fold the inputs in rank order
+    buffers = [t.clone() for t in inputs]
+    assert run_all(builder(Collective.ALLREDUCE, NODES), buffers, reduction) == {}
+    for buffer in buffers:
+        assert torch.equal(buffer, expected)
+
+
+def test_reduce_and_broadcast_chains():
+    inputs = [torch.arange(10, dtype=torch.float64) * (r + 1) for r in range(4)]
+    buffers = [t.clone() for t in inputs]
+    assert run_all(chain(Collective.REDUCE, NODES, 2), buffers, Reduction.SUM) == {}
+    assert torch.equal(buffers[2], sum(inputs))
+    buffers = [t.clone() for t in inputs]
+    assert run_all(chain(Collective.BROADCAST, NODES, 3), buffers, None) == {}
+    assert all(torch.equal(b, inputs[3]) for b in buffers)
+
+
+def test_a_step_reads_the_values_from_before_it():
+    # rank 0 adds its chunk into rank 1 while rank 1 copies its own chunk to rank 0:
+    # each must see the other's original value
+    schedule = Schedule(
+        Collective.ALLREDUCE,
+        ("a", "b"),
+        None,
+        "",
+        (Chunk(0, 0.0, 1.0),),
+        ((Transfer(0, 1, 0, Op.REDUCE, ("a", "b")), Transfer(1, 0, 0, Op.COPY, ("b", "a"))),),
+    )
+    buffers = [torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])]
+    assert run_all(schedule, buffers, Reduction.SUM) == {}
+    assert buffers[0].tolist() == [10.0, 20.0]
+    assert buffers[1].tolist() == [11.0, 22.0]
+
+
+def test_a_missing_peer_raises_collective_error_naming_the_step():
+    buffers = [torch.ones(8) for _ in NODES]
+    errors = run_all(ring(Collective.ALLREDUCE, NODES), buffers, Reduction.SUM, timeout_s=0.5, skip_rank=2)
+    assert set(errors) == {0, 1, 3}
+    assert all(isinstance(e, CollectiveError) for e in errors.values())
+    assert "step" in str(errors[3]) and "rank 2" in str(errors[3])
+
+
+def test_reducing_program_without_a_reduction_is_refused():
+    buffers = [torch.ones(8) for _ in NODES]
+    errors = run_all(ring(Collective.ALLREDUCE, NODES), buffers, None)
+    assert set(errors) == {0, 1, 2, 3}
+    assert "no reduction" in str(errors[0])
+
+
+def test_buffer_must_match_the_program():
+    program = lower_all(ring(Collective.ALLREDUCE, NODES), 8)[0]
+    executor = Executor(Transport(Mailbox(), 0), 0, timedelta(seconds=1))
+    with pytest.raises(CollectiveError, match="8 elements"):
+        executor.run(program, torch.ones(9), Reduction.SUM)
+
+
+def test_scratch_is_reused_and_grows():
+    executor = Executor(Transport(Mailbox(), 0), 0, timedelta(seconds=1))
+    first = executor.scratch(torch.float32, torch.device("cpu"), 10)
+    assert executor.scratch(torch.float32, torch.device("cpu"), 5) is first
+    assert executor.scratch(torch.float32, torch.device("cpu"), 11).numel() == 11
+    assert executor.scratch(torch.int8, torch.device("cpu"), 3) is not first
+
+
+def test_bitwise_reductions_of_floats_are_refused():
+    with pytest.raises(CollectiveError, match="integer"):
+        check_reduction(Reduction.BXOR, torch.float16)
+    check_reduction(Reduction.BXOR, torch.bool)
+    check_reduction(Reduction.MIN, torch.bfloat16)

@@ -1,0 +1,173 @@
+"""Schedule sharing through a store, the Work handle, registration, and argument checks of a
+one-rank group (all in this process)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.collectives.handmade import hand_planner, ring
+from topocoll.collectives import BACKEND_NAME, TopoProcessGroup, TopoWork, register
+from topocoll.collectives.plans import ScheduleSource, check_digests, size_bucket
+from topocoll.errors import CollectiveError, SolverError
+from topocoll.solver.schedule import Collective
+from topocoll.topo.discover import flat_topology
+
+NODES = ("host0", "host1", "host2")
+
+
+def store(timeout_s: float = 2.0):
+    s = dist.HashStore()
+    s.set_timeout(timedelta(seconds=timeout_s))
+    return s
+
+
+class CountingPlanner:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, topology, collective, ranks, root, size_bytes):
+        self.calls.append((collective, root, size_bytes))
+        return hand_planner(topology, collective, ranks, root, size_bytes)
+
+
+def test_size_buckets_are_powers_of_two_at_or_above():
+    assert [size_bucket(s) for s in (0, 1, 2, 3, 4, 5, 1000, 1024, 1025)] == [1, 1, 2, 4, 4, 8, 1024, 1024, 2048]
+
+
+def test_rank_zero_plans_once_per_bucket_and_others_read_the_store():
+    topology = flat_topology(3)
+    shared = store()
+    planner = CountingPlanner()
+    never = CountingPlanner()
+    zero = ScheduleSource(topology, NODES, 0, shared, planner)
+    one = ScheduleSource(topology, NODES, 1, shared, never)
+    p0 = zero.program(Collective.ALLREDUCE, None, 300, 1200)
+    p0_again = zero.program(Collective.ALLREDUCE, None, 250, 1000)  # same 1024 bucket, new count
+    p1 = one.program(Collective.ALLREDUCE, None, 300, 1200)
+    assert planner.calls == [(Collective.ALLREDUCE, None, 2048), (Collective.ALLREDUCE, None, 1024)]
+    assert never.calls == []
+    assert p0.rank == 0 and p1.rank == 1 and p0.count == 300 and p0_again.count == 250
+    zero.program(Collective.BROADCAST, 2, 10, 40)
+    assert planner.calls[-1] == (Collective.BROADCAST, 2, 64)
+    assert one.program(Collective.BROADCAST, 2, 10, 40).collective is Collective.BROADCAST
+
+
+def test_a_schedule_for_another_topology_is_refused():
+    topology = flat_topology(3)
+    shared = store()
+
+    def wrong(topo, collective, ranks, root, size_bytes):
+        return ring(collective, tuple(ranks), digest="sha256:" + "0" * 64)
+
+    with pytest.raises(CollectiveError, match="topology"):
+        ScheduleSource(topology, NODES, 0, shared, wrong).schedule(Collective.ALLGATHER, None, 64)
+    with pytest.raises(CollectiveError, match="topology"):
+        ScheduleSource(topology, NODES, 1, shared, wrong).schedule(Collective.ALLGATHER, None, 64)
+
+
+def test_a_planner_failure_reaches_the_other_ranks():
+    topology = flat_topology(3)
+    shared = store()
+
+    def failing(*args):
+        raise SolverError("ranks cannot reach each other")
+
+    with pytest.raises(CollectiveError, match="cannot reach"):
+        ScheduleSource(topology, NODES, 0, shared, failing).schedule(Collective.ALLREDUCE, None, 8)
+    with pytest.raises(CollectiveError, match="cannot reach"):
+        ScheduleSource(topology, NODES, 2, shared, failing).schedule(Collective.ALLREDUCE, None, 8)
+
+
+def test_a_schedule_never_published_times_out_with_collective_error():
+    with pytest.raises(CollectiveError, match="never published"):
+        ScheduleSource(flat_topology(3), NODES, 1, store(0.2), hand_planner).schedule(Collective.ALLREDUCE, None, 8)
+
+
+def test_digest_check_compares_every_rank():
+    shared = store()
+    shared.set("topology_digest/1", "sha256:other")
+    shared.set("topology_digest/2", flat_topology(3).digest())
+    with pytest.raises(CollectiveError, match=r"ranks \[1\]"):
+        check_digests(shared, 0, 3, flat_topology(3).digest())
+    same = store()
+    for r in (1, 2):
+        same.set(f"topology_digest/{r}", "sha256:x")
+    check_digests(same, 0, 3, "sha256:x")
+
+
+def test_work_keeps_the_error_for_wait_and_future():
+    error = CollectiveError("boom")
+    work = TopoWork([torch.ones(1)], error)
+    with pytest.raises(CollectiveError, match="boom"):
+        work.wait()
+    with pytest.raises(CollectiveError, match="boom"):
+        work.get_future().wait()
+    assert work.is_completed() and not work.is_success()
+    ok = TopoWork([torch.ones(2)])
+    assert ok.wait() and ok.is_success()
+    assert torch.equal(ok.get_future().wait()[0], torch.ones(2))
+
+
+def test_registration_is_idempotent():
+    register()
+    register()
+    assert BACKEND_NAME in dist.Backend.backend_list
+    assert dist.Backend.TOPO == "topo"
+
+
+@pytest.fixture
+def solo():
+    return TopoProcessGroup(store(), 0, 1, timedelta(seconds=5), planner=hand_planner)
+
+
+def _opts(kind, op):
+    opts = kind()
+    opts.reduceOp = op
+    return opts
+
+
+def test_one_rank_group_returns_inputs_and_checks_arguments(solo):
+    x = torch.arange(6.0)
+    solo.allreduce([x], _opts(dist.AllreduceOptions, dist.ReduceOp.AVG)).wait()
+    assert torch.equal(x, torch.arange(6.0))
+    out = torch.empty(6)
+    solo._allgather_base(out, x).wait()
+    assert torch.equal(out, x)
+    with pytest.raises(CollectiveError, match="integer"):
+        solo.allreduce([x], _opts(dist.AllreduceOptions, dist.ReduceOp.BXOR)).wait()
+    with pytest.raises(CollectiveError, match="AVG"):
+        solo.allreduce([torch.ones(3, dtype=torch.int32)], _opts(dist.AllreduceOptions, dist.ReduceOp.AVG)).wait()
+    with pytest.raises(CollectiveError, match="exactly one tensor"):
+        solo.allreduce([x, x], dist.AllreduceOptions()).wait()
+    with pytest.raises(CollectiveError, match="elements"):
+        solo._allgather_base(torch.empty(5), x).wait()
+    with pytest.raises(CollectiveError, match="root"):
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 3
+        solo.broadcast([x], opts).wait()
+    with pytest.raises(CollectiveError, match="not supported"):
+        solo.allreduce([torch.ones(2, dtype=torch.uint16)], dist.AllreduceOptions()).wait()
+    # a failed out-of-place call leaves the output alone
+    out = torch.full((6,), -1.0)
+    solo._allgather_base(out, torch.ones(7)).get_future()
+    assert bool((out == -1).all())
+    assert solo.getBackendName() == "topo"
+    assert solo.nodes == ("host0",)
+
+
+def test_import_order_and_cost_of_registration():
+    import subprocess
+    import sys
+
+    after_torch = "import torch, topocoll, torch.distributed as dist; print('TOPO' in dist.Backend._plugins)"
+    bare = "import sys, topocoll; print('torch' in sys.modules)"
+    outputs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.strip()
+        for code in (after_torch, bare)
+    ]
+    assert outputs == ["True", "False"]  # registered after torch; a bare import does not load torch

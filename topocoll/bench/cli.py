@@ -1,0 +1,545 @@
+"""``topocoll-bench``: measure a collective the way nccl-tests does, next to its baseline.
+
+::
+
+    mpirun -np 4 topocoll-bench allreduce -b 8 -e 128M -f 2 -n 20 -w 5 -c 1
+    torchrun --nproc-per-node 4 -m topocoll.bench allreduce -b 8 -e 128M -f 2
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 topocoll-bench allgather ...
+
+Every rank parses the same command line and checks it before torch.distributed starts, so a bad
+argument stops every rank at once: rank 0 prints one line and all exit with status 2. The run
+itself exits with status 1 when any element of any checked result is wrong. Only rank 0 prints
+the table (stdout) and progress (stderr), and writes ``-J``/``--csv``/``--plot`` files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import shlex
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, NoReturn
+
+from topocoll.bench import metrics
+from topocoll.bench.launch import Launch, abort, agree, detect_launch, init_distributed, rank_from_environment
+from topocoll.bench.metrics import BenchArgumentError, CollectiveSpec, RedOp
+from topocoll.bench.sizes import parse_size, sweep
+from topocoll.errors import TopocollError, UsageError
+
+__all__ = ["main", "build_parser", "BenchConfig", "validate"]
+
+log = logging.getLogger(__name__)
+
+PROG = "topocoll-bench"
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Process-group timeout: torch's own default (30 minutes) would leave a rank whose peer died
+waiting for half an hour; five minutes covers a single 8 GiB operation over a 1 GB/s link."""
+
+BACKENDS = ("topo", "gloo", "nccl")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that raises instead of printing usage on every rank."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BenchArgumentError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``topocoll-bench`` parser (nccl-tests' option letters where they exist)."""
+    parser = _Parser(
+        prog=PROG,
+        description="Benchmark a collective with nccl-tests' method and output, next to the baseline backend.",
+        epilog="Sizes take K, M and G suffixes (powers of 1024). Only rank 0 prints.",
+    )
+    parser.add_argument("collective", help="allreduce, allgather, reduce_scatter, broadcast or reduce")
+    sizes = parser.add_argument_group("sizes (as nccl-tests)")
+    sizes.add_argument("-b", "--minbytes", default="32M", help="smallest size S (default 32M)")
+    sizes.add_argument("-e", "--maxbytes", default="32M", help="largest size S (default 32M)")
+    sizes.add_argument("-f", "--stepfactor", type=int, default=1, help="multiply the size by this (default: use -i)")
+    sizes.add_argument("-i", "--stepbytes", default="1M", help="add this many bytes when -f is not given (default 1M)")
+    op = parser.add_argument_group("operation")
+    op.add_argument("-d", "--datatype", default="float", help=f"{', '.join(metrics.DTYPES)} (default float)")
+    op.add_argument("-o", "--op", default="sum", help="sum, prod, min, max or avg (default sum)")
+    op.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    perf = parser.add_argument_group("measurement")
+    perf.add_argument("-n", "--iters", type=int, default=20, help="timed operations per size (default 20)")
+    perf.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed operations at the largest and smallest size (default 5)")
+    perf.add_argument("-c", "--check", type=int, default=1, help="checked operations per size, 0 to skip checking (default 1)")
+    perf.add_argument(
+        "-a", "--average", type=int, default=3, choices=(0, 1, 2, 3),
+        help="time across ranks: 0 rank 0, 1 average, 2 minimum, 3 maximum (default 3)",
+    )
+    perf.add_argument("-T", "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds before a stuck operation fails (default {DEFAULT_TIMEOUT_S:g})")
+    setup = parser.add_argument_group("what to run")
+    setup.add_argument(
+        "--topology", metavar="FILE",
+        help="topology file; needed across several hosts (default: this host's GPUs with --device cuda, else a flat one)",
+    )
+    setup.add_argument("--schedule", metavar="FILE", help="run this schedule (JSON) instead of synthesizing one")
+    setup.add_argument("--backend", default="topo", choices=BACKENDS, help="backend under test (default topo)")
+    setup.add_argument("--baseline", default="auto", help="baseline backend: auto (gloo on CPU, nccl on GPU), gloo, nccl or none")
+    setup.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="tensor device (default: cuda when available)")
+    out = parser.add_argument_group("output")
+    out.add_argument("-J", "--json", metavar="FILE", help="write all results as JSON")
+    out.add_argument("--csv", metavar="FILE", help="write the table as CSV")
+    out.add_argument("--plot", metavar="FILE", help="plot busbw against size (PNG)")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    out.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
+    return parser
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """A validated command line."""
+
+    spec: CollectiveSpec
+    sizes: tuple[int, ...]
+    min_bytes: int
+    max_bytes: int
+    step_factor: int
+    step_bytes: int
+    dtype_name: str
+    op: RedOp
+    root: int
+    iters: int
+    warmup: int
+    check: int
+    average: int
+    timeout_s: float
+    backend: str
+    baseline: str | None
+    device: str
+    topology_path: str | None
+    schedule_path: str | None
+    json_path: str | None
+    csv_path: str | None
+    plot_path: str | None
+    quiet: bool
+
+
+def _resolve_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
+    """Check every argument that does not need other ranks; identical on every rank.
+
+    Raises
+    ------
+    BenchArgumentError
+        The first problem found, in words.
+    """
+    spec = metrics.parse_collective(args.collective)
+    min_bytes = parse_size(args.minbytes, "minbytes")
+    max_bytes = parse_size(args.maxbytes, "maxbytes")
+    step_bytes = parse_size(args.stepbytes, "stepbytes")
+    sizes = sweep(min_bytes, max_bytes, args.stepfactor, step_bytes)
+    dtype_name, dtype = metrics.dtype_by_name(args.datatype)
+    op = RedOp.parse(args.op)
+    if spec.reduces:
+        metrics.check_op_dtype(op, dtype)
+    for name, value, low in (("iters (-n)", args.iters, 1), ("warmup_iters (-w)", args.warmup_iters, 0), ("check (-c)", args.check, 0)):
+        if value < low:
+            raise BenchArgumentError(f"{name} must be >= {low}, got {value}")
+    if not args.timeout > 0:
+        raise BenchArgumentError(f"timeout (-T) must be > 0 seconds, got {args.timeout}")
+    if world_size < 2:
+        raise BenchArgumentError(
+            f"a collective needs at least 2 ranks, this is a world of {world_size}: start with mpirun -np N or torchrun --nproc-per-node N"
+        )
+    if spec.rooted and not 0 <= args.root < world_size:
+        raise BenchArgumentError(f"root (-r) {args.root} is not a rank of a world of {world_size} (0..{world_size - 1})")
+    device = _resolve_device(args.device)
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BenchArgumentError("--device cuda, but torch sees no CUDA device")
+    if args.backend == "nccl" and device != "cuda":
+        raise BenchArgumentError("backend nccl needs --device cuda")
+    baseline = args.baseline.lower()
+    if baseline == "auto":
+        baseline = "nccl" if device == "cuda" else "gloo"
+    if baseline not in ("gloo", "nccl", "none"):
+        raise BenchArgumentError(f"unknown baseline {args.baseline!r}; expected auto, gloo, nccl or none")
+    if baseline == "nccl" and device != "cuda":
+        raise BenchArgumentError("baseline nccl needs --device cuda")
+    for option, path in (("--topology", args.topology), ("--schedule", args.schedule)):
+        if path and not Path(path).is_file():
+            raise BenchArgumentError(f"{option} {path}: no such file")
+    for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise BenchArgumentError(f"{option} {path}: directory {Path(path).resolve().parent} does not exist")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise BenchArgumentError("--plot needs matplotlib (pip install 'topocoll[plot]')") from None
+    return BenchConfig(
+        spec=spec,
+        sizes=sizes,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        step_factor=args.stepfactor,
+        step_bytes=step_bytes,
+        dtype_name=dtype_name,
+        op=op,
+        root=args.root if spec.rooted else 0,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        check=args.check,
+        average=args.average,
+        timeout_s=float(args.timeout),
+        backend=args.backend,
+        baseline=None if baseline == "none" else baseline,
+        device=device,
+        topology_path=args.topology,
+        schedule_path=args.schedule,
+        json_path=args.json,
+        csv_path=args.csv,
+        plot_path=args.plot,
+        quiet=args.quiet,
+    )
+
+
+# ---------------------------------------------------------------------------- topology
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """The topology, the ranks' nodes and the schedule the run uses."""
+
+    topology: Any
+    nodes: tuple[str, ...]
+    schedule: Any
+    topology_source: str
+
+
+def load_setup(config: BenchConfig, world_size: int) -> Setup:
+    """Load (or discover) the topology and the schedule, and check they fit the run.
+
+    Raises
+    ------
+    TopocollError
+        Unreadable files, a topology with too few compute nodes, a schedule for another
+        collective, root, world size or topology.
+    """
+    from topocoll.topo.discover import flat_topology
+
+    if config.topology_path:
+        from topocoll.topo.io import load_topology
+
+        topology = load_topology(config.topology_path)
+        source = config.topology_path
+    else:
+        topology = None
+        if config.device == "cuda":
+            from topocoll.topo.discover import discover_host
+
+            topology = discover_host()
+            source = "discovered on this host"
+            if topology is not None and len(topology.compute_nodes()) < world_size:
+                log.warning("the host topology has %d GPUs for %d ranks; using a flat one", len(topology.compute_nodes()), world_size)
+                topology = None
+        if topology is None:
+            topology = flat_topology(world_size)
+            source = "flat: CPU processes on one shared-memory hub, assumed bandwidth"
+    compute = topology.compute_nodes()
+    if len(compute) < world_size:
+        raise BenchArgumentError(
+            f"topology {topology.name or config.topology_path}: {len(compute)} compute nodes, but {world_size} ranks need {world_size}"
+        )
+    nodes = tuple(compute[:world_size])
+    schedule = None
+    if config.schedule_path:
+        from topocoll.solver.schedule import Schedule
+
+        path = config.schedule_path
+        schedule = Schedule.from_json(Path(path).read_text(encoding="utf-8"), source=path)
+        if schedule.collective is not config.spec.collective:
+            raise BenchArgumentError(f"{path}: schedule is for {schedule.collective.value}, the benchmark runs {config.spec.collective.value}")
+        if schedule.ranks != nodes:
+            raise BenchArgumentError(
+                f"{path}: schedule ranks {', '.join(schedule.ranks[:4])}{' ...' if len(schedule.ranks) > 4 else ''} "
+                f"differ from the run's {', '.join(nodes[:4])}{' ...' if len(nodes) > 4 else ''} ({world_size} ranks)"
+            )
+        if schedule.topology_digest and schedule.topology_digest != topology.digest():
+            raise BenchArgumentError(f"{path}: schedule was made for another topology ({schedule.topology_digest[:19]}...)")
+        if config.spec.rooted and schedule.root != config.root:
+            raise BenchArgumentError(f"{path}: schedule has root {schedule.root}, the benchmark uses -r {config.root}")
+    return Setup(topology, nodes, schedule, source)
+
+
+def cut_bound_time_fn(setup: Setup, config: BenchConfig):
+    """``size_bytes -> bound time`` from :func:`topocoll.solver.bound.cut_bound`, or None if unknown.
+
+    The bound is linear in the size, so it is computed once (a max-flow per rank set) and scaled.
+    """
+    try:
+        from topocoll.solver.bound import cut_bound
+
+        bound = cut_bound(setup.topology, config.spec.collective, setup.nodes, config.root if config.spec.rooted else None)
+    except (ImportError, TopocollError) as exc:
+        log.warning("no cut bound for this run: %s", exc)
+        return lambda size_bytes: None
+    return bound.time_s
+
+
+def _schedule_planner(schedule: Any):
+    from topocoll.collectives.plans import default_planner
+
+    def planner(topology, collective, ranks, root, size_bytes):
+        if collective is schedule.collective and tuple(ranks) == schedule.ranks and (not collective.is_rooted or root == schedule.root):
+            return schedule
+        return default_planner(topology, collective, ranks, root, size_bytes)
+
+    return planner
+
+
+# ------------------------------------------------------------------------------- main
+def _fail(launch_rank: int, message: str, status: int) -> int:
+    if launch_rank == 0:
+        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``topocoll-bench``; returns the exit status (0 ok, 1 wrong results, 2 bad use)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env_rank = rank_from_environment()
+    parser = build_parser()
+    if any(a in ("-h", "--help") for a in argv):
+        if env_rank == 0:
+            parser.print_help()
+        return 0
+    try:
+        launch = detect_launch()
+    except UsageError as exc:
+        return _fail(env_rank, str(exc), 2)
+    error: str | None = None
+    config = setup = None
+    try:
+        args = parser.parse_args(argv)
+        quiet_rank = logging.WARNING if launch.rank == 0 else logging.ERROR  # warnings once, from rank 0
+        level = logging.INFO if args.verbose else quiet_rank
+        logging.basicConfig(level=level, format=f"{PROG}: rank {launch.rank}: %(levelname)s %(name)s: %(message)s")
+        config = validate(args, launch.world_size)
+        setup = load_setup(config, launch.world_size)
+    except TopocollError as exc:
+        error = str(exc)
+    except OSError as exc:
+        error = f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}"
+    error = agree(launch, error)
+    if error is not None:
+        return _fail(launch.rank, error, 2)
+    assert config is not None and setup is not None
+    try:
+        return _run(launch, config, setup, argv)
+    except KeyboardInterrupt:
+        return _fail(launch.rank, "interrupted", 130)
+    except Exception as exc:  # a failure on one rank: say where, then stop every rank
+        message = str(exc)
+        prefix = f"rank {launch.rank}: "
+        print(f"{PROG}: error: {prefix}{message.removeprefix(prefix)}", file=sys.stderr, flush=True)
+        log.debug("failure", exc_info=True)
+        abort(launch, 1)
+        return 1
+
+
+def _run(launch: Launch, config: BenchConfig, setup: Setup, argv: list[str]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from topocoll.bench.report import Report
+    from topocoll.bench.runner import Progress, Series, SweepSettings, TimeAggregation, measure_size, warm_up
+
+    rank, world = launch.rank, launch.world_size
+    if config.device == "cuda":
+        torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    pg_options = None
+    if config.backend == "topo":
+        from topocoll.collectives import TopoOptions
+
+        planner = _schedule_planner(setup.schedule) if setup.schedule is not None else None
+        pg_options = TopoOptions(topology=setup.topology, planner=planner)
+    init_distributed(launch, config.backend, config.timeout_s, pg_options)
+    try:
+        timeout = timedelta(seconds=config.timeout_s)
+        meta = dist.new_group(backend="gloo", timeout=timeout)
+        baseline_group = None
+        if config.baseline == "gloo":
+            baseline_group = meta
+        elif config.baseline == "nccl":
+            baseline_group = dist.new_group(backend="nccl", timeout=timeout)
+        ranks_info = _gather_rank_info(rank, device, setup, meta)
+        series = [Series(config.backend, dist.group.WORLD)]
+        if baseline_group is not None:
+            series.append(Series("baseline", baseline_group))
+        settings = SweepSettings(
+            spec=config.spec,
+            op=config.op,
+            dtype_name=config.dtype_name,
+            dtype=metrics.DTYPES[config.dtype_name],
+            root=config.root,
+            iters=config.iters,
+            warmup=config.warmup,
+            check=config.check,
+            aggregation=TimeAggregation(config.average),
+            device=device,
+        )
+        bound_fn = cut_bound_time_fn(setup, config) if rank == 0 else (lambda size_bytes: None)
+        header = _header_lines(config, setup, launch, ranks_info)
+        skeleton = Report(
+            kind="bench",
+            collective=config.spec.collective,
+            world_size=world,
+            series=tuple(s.label for s in series),
+            rows=(),
+            header=tuple(header),
+            checked=config.check > 0,
+        )
+        if rank == 0:
+            print(skeleton.preamble(), end="", flush=True)
+        for s in series:
+            warm_up(settings, s, config.sizes, rank, world)
+        progress = Progress(len(config.sizes), enabled=rank == 0 and not config.quiet)
+        rows = []
+        try:
+            for index, size in enumerate(config.sizes, start=1):
+                row = measure_size(settings, tuple(series), size, rank, world, meta, bound_fn)
+                if row is not None:
+                    rows.append(row)
+                    if rank == 0:
+                        print(skeleton.format_row(row), flush=True)
+                progress.advance(index, size)
+        finally:
+            progress.close()
+        report = Report(
+            kind="bench",
+            collective=config.spec.collective,
+            world_size=world,
+            series=skeleton.series,
+            rows=tuple(rows),
+            header=skeleton.header,
+            config=_config_dict(config, setup, launch, argv),
+            ranks=tuple(ranks_info),
+            checked=config.check > 0,
+        )
+        if rank == 0:
+            print("\n".join(report.footer()), flush=True)
+            report.write_outputs(config.json_path, config.csv_path, config.plot_path)
+        dist.barrier(group=meta)
+        return 1 if report.wrong_total else 0
+    finally:
+        dist.destroy_process_group()
+
+
+def _gather_rank_info(rank: int, device: Any, setup: Setup, meta: Any) -> list[dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name = props.name
+        busid = f"{getattr(props, 'pci_domain_id', 0):04x}:{getattr(props, 'pci_bus_id', 0):02x}:{getattr(props, 'pci_device_id', 0):02x}"
+        dev = str(device.index)
+    else:
+        name = f"{platform.machine() or 'cpu'} CPU process"
+        busid = None
+        dev = "cpu"
+    mine = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": dev,
+        "busid": busid,
+        "name": name,
+        "node": setup.nodes[rank],
+    }
+    gathered: list[Any] = [None] * dist.get_world_size(meta)
+    dist.all_gather_object(gathered, mine, group=meta)
+    return gathered
+
+
+def _header_lines(config: BenchConfig, setup: Setup, launch: Launch, ranks: list[dict[str, Any]]) -> list[str]:
+    from topocoll.bench.runner import TimeAggregation
+
+    step = f"{config.step_factor}(factor)" if config.step_factor > 1 else f"{config.step_bytes}(bytes)"
+    topology = setup.topology
+    lines = [
+        f"nThread 1 nGpus 1 minBytes {config.min_bytes} maxBytes {config.max_bytes} step: {step} "
+        f"warmup iters: {config.warmup} iters: {config.iters} agg iters: 1 validation: {config.check} graph: 0",
+        "",
+        f"{PROG} {config.spec.collective.value}: backend {config.backend}"
+        + (f" vs baseline {config.baseline}" if config.baseline else " (no baseline)")
+        + f", {launch.world_size} ranks on {config.device}, launched by {launch.method.value}",
+        f"Topology: {topology.name or '(unnamed)'} ({setup.topology_source}), {len(topology.nodes)} nodes, "
+        f"{len(topology.links)} links, {topology.digest()[:19]}...",
+    ]
+    lines += [f"  note: {note}" for note in topology.notes]
+    if setup.schedule is not None:
+        lines.append(f"Schedule: {config.schedule_path} ({setup.schedule.name or 'unnamed'}, {len(setup.schedule.steps)} steps)")
+    elif config.backend == "topo":
+        lines.append("Schedule: synthesized by topocoll.solver.plan for each size bucket")
+    mode = "in place" if config.spec.in_place else "out of place"
+    lines.append(f"Operation: {config.spec.collective.value} {mode}, as torch.distributed runs it (one set of columns per backend)")
+    lines.append(f"Time: {TimeAggregation(config.average).label} (-a {config.average}); #wrong: summed over ranks")
+    lines.append(f"speedup = baseline time / {config.backend} time; bound = cut-bound algbw; %bound = {config.backend} algbw / bound")
+    lines += ["", "Using devices"]
+    for info in ranks:
+        where = f"[{info['busid']}] " if info["busid"] else ""
+        lines.append(
+            f" Rank {info['rank']:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device {info['device']:>2} "
+            f"{where}{info['name']} -> {info['node']}"
+        )
+    return lines
+
+
+def _config_dict(config: BenchConfig, setup: Setup, launch: Launch, argv: list[str]) -> dict[str, Any]:
+    return {
+        "command": shlex.join([PROG, *argv]),
+        "launcher": launch.method.value,
+        "collective": config.spec.collective.value,
+        "sizes_bytes": list(config.sizes),
+        "min_bytes": config.min_bytes,
+        "max_bytes": config.max_bytes,
+        "step_factor": config.step_factor,
+        "step_bytes": config.step_bytes,
+        "datatype": config.dtype_name,
+        "op": config.op.value if config.spec.reduces else None,
+        "root": config.root if config.spec.rooted else None,
+        "iters": config.iters,
+        "warmup_iters": config.warmup,
+        "check": config.check,
+        "average": config.average,
+        "timeout_s": config.timeout_s,
+        "backend": config.backend,
+        "baseline": config.baseline,
+        "device": config.device,
+        "topology": {
+            "name": setup.topology.name,
+            "digest": setup.topology.digest(),
+            "source": setup.topology_source,
+            "notes": list(setup.topology.notes),
+            "nodes": list(setup.nodes),
+        },
+        "schedule": config.schedule_path,
+    }
+
+
+def run_as_script() -> None:
+    """``python -m topocoll.bench``."""
+    sys.exit(main())

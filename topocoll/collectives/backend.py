@@ -1,0 +1,684 @@
+"""``TopoProcessGroup``: the ``"topo"`` backend of torch.distributed.
+
+``dist.init_process_group("topo", ...)`` (after ``import topocoll``) gives a process group
+whose allreduce, reduce-scatter, allgather, broadcast and reduce run topocoll schedules: rank 0
+synthesizes a schedule for the group's topology, shares it through the store, every rank lowers
+it and the executor moves the data with point-to-point messages of an inner backend (gloo for
+CPU tensors, NCCL for CUDA tensors); between CPU ranks of one host the data itself goes through
+shared memory, gloo carrying only small doorbells (:mod:`topocoll.collectives.shm`). Everything else (send/recv, all-to-all, gather, scatter,
+barrier) is handed to the inner backend.
+
+Before each scheduled collective the ranks exchange a small header (operation, element count,
+dtype, reduction, root, and whether the local arguments were valid) through the inner backend,
+so that inputs that differ across ranks raise :class:`~topocoll.errors.CollectiveError` on
+every rank instead of hanging or corrupting data. A peer that dies or never arrives makes the
+inner backend's messages fail or time out (the process-group timeout), which also raises
+``CollectiveError``.
+
+Operations run to completion in the calling thread; the returned :class:`TopoWork` is complete
+and its ``wait()`` raises the operation's error. ``async_op=True`` is accepted but does not
+overlap communication with computation.
+
+The topology is read from the file named by the environment variable ``TOPOCOLL_TOPOLOGY``
+(contract-1 JSON); without it every rank is taken to be a CPU process on one shared-memory hub
+(:func:`topocoll.topo.discover.flat_topology`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from topocoll.collectives.executor import Executor, Reduction, check_reduction
+from topocoll.collectives.plans import DEFAULT_SEGMENT_BYTES, Planner, ScheduleSource, check_digests, default_planner
+from topocoll.collectives.shm import ShmTransport
+from topocoll.collectives.work import TopoWork
+from topocoll.errors import CollectiveError
+from topocoll.solver.schedule import Collective
+from topocoll.topo.model import Topology
+
+__all__ = ["BACKEND_NAME", "TOPOLOGY_ENV", "TopoOptions", "TopoProcessGroup", "register", "load_topology_for"]
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "topo"
+"""The name to pass to ``dist.init_process_group`` / ``dist.new_group``."""
+
+TOPOLOGY_ENV = "TOPOCOLL_TOPOLOGY"
+"""Environment variable naming the topology file every rank loads."""
+
+_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
+"""Dtypes with a header code (their index). Others are refused."""
+
+_REDUCE_OPS: tuple[tuple[Any, Reduction, bool], ...] = (
+    (dist.ReduceOp.SUM, Reduction.SUM, False),
+    (dist.ReduceOp.AVG, Reduction.SUM, True),
+    (dist.ReduceOp.PRODUCT, Reduction.PRODUCT, False),
+    (dist.ReduceOp.MIN, Reduction.MIN, False),
+    (dist.ReduceOp.MAX, Reduction.MAX, False),
+    (dist.ReduceOp.BAND, Reduction.BAND, False),
+    (dist.ReduceOp.BOR, Reduction.BOR, False),
+    (dist.ReduceOp.BXOR, Reduction.BXOR, False),
+)
+"""torch reduce op -> (reduction, divide by the group size afterwards)."""
+
+HEADER_TAG = 0
+"""Message tag of the argument headers (schedule messages start at ``lower.FIRST_TAG``)."""
+
+_HEADER_FIELDS = ("operation", "element count", "dtype", "reduce op", "root", "argument error")
+
+
+@dataclass(frozen=True, slots=True)
+class _Reduce:
+    """A parsed torch reduce op."""
+
+    code: int
+    reduction: Reduction
+    average: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TopoOptions:
+    """Options of a "topo" group, passed as ``pg_options`` to ``init_process_group`` / ``new_group``.
+
+    Parameters
+    ----------
+    topology : Topology, optional
+        Use this topology instead of ``$TOPOCOLL_TOPOLOGY`` / the flat one.
+    planner : Planner, optional
+        Make schedules with this instead of :func:`topocoll.solver.plan` (e.g. a baseline).
+    segment_bytes : int or None
+        Cut messages into segments of at most this many bytes so that reductions overlap the
+        transfers (None: never cut). Default :data:`DEFAULT_SEGMENT_BYTES`.
+    shared_memory : bool
+        Move CPU data between ranks of one host through shared memory
+        (:class:`~topocoll.collectives.shm.ShmTransport`) instead of gloo's loopback TCP
+        (default; peers that cannot map each other's files still use gloo).
+    """
+
+    topology: Topology | None = None
+    planner: Planner | None = None
+    segment_bytes: int | None = DEFAULT_SEGMENT_BYTES
+    shared_memory: bool = True
+
+
+def _parse_reduce_op(op: Any) -> _Reduce:
+    for code, (torch_op, reduction, average) in enumerate(_REDUCE_OPS):
+        if op == torch_op:
+            return _Reduce(code, reduction, average)
+    raise CollectiveError(f"reduce op {op} is not supported by the topo backend (premultiplied sums are not)")
+
+
+def _check_reduce(reduce: _Reduce, dtype: torch.dtype) -> None:
+    check_reduction(reduce.reduction, dtype)
+    if reduce.average and not (dtype.is_floating_point or dtype.is_complex):
+        raise CollectiveError(f"ReduceOp.AVG needs a floating-point tensor, got {dtype} (sum and divide yourself)")
+
+
+def load_topology_for(world_size: int) -> Topology:
+    """The topology this process uses: ``$TOPOCOLL_TOPOLOGY`` or the flat one for ``world_size``.
+
+    Raises
+    ------
+    TopocollError
+        The file cannot be read or is not a valid topology.
+    """
+    path = os.environ.get(TOPOLOGY_ENV)
+    if path:
+        from topocoll.topo.io import load_topology
+
+        return load_topology(path)
+    from topocoll.topo.discover import flat_topology
+
+    return flat_topology(world_size)
+
+
+class TopoProcessGroup(dist.ProcessGroup):
+    """A torch.distributed process group that runs topocoll schedules.
+
+    Usually created by ``dist.init_process_group("topo", ...)`` or
+    ``dist.new_group(ranks, backend="topo")``; it can also be built directly.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        A store private to this group.
+    rank, size : int
+        This process's rank in the group and the group size.
+    timeout : datetime.timedelta
+        How long any message or store read may wait.
+    global_ranks : sequence of int, optional
+        Global rank of each group rank (default ``range(size)``); global rank ``g`` runs on the
+        ``g``-th compute node of the topology.
+    topology : Topology, optional
+        The topology (default :func:`load_topology_for` the world size). Every rank must pass an
+        equal one; this is checked.
+    planner : Planner, optional
+        Makes schedules on rank 0 (default :func:`topocoll.solver.plan`).
+    segment_bytes : int or None
+        Largest message in bytes; longer ones are cut so that reductions overlap transfers.
+    shared_memory : bool
+        Move CPU data between ranks of one host through shared memory (default True).
+
+    Raises
+    ------
+    CollectiveError
+        The ranks loaded different topologies, or the topology has fewer compute nodes than the
+        group needs.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        *,
+        global_ranks: Sequence[int] | None = None,
+        topology: Topology | None = None,
+        planner: Planner | None = None,
+        segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
+        shared_memory: bool = True,
+    ) -> None:
+        super().__init__(rank, size)
+        self._group_rank = rank
+        self._group_size = size
+        self._timeout = timeout
+        ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
+        if len(ranks) != size:
+            raise CollectiveError(f"rank {rank}: {len(ranks)} global ranks given for a group of {size}")
+        if topology is None:
+            world = dist.get_world_size() if dist.is_initialized() else size
+            topology = load_topology_for(max(world, max(ranks) + 1))
+        compute = topology.compute_nodes()
+        if max(ranks) >= len(compute):
+            raise CollectiveError(
+                f"rank {rank}: topology {topology.name or '(unnamed)'} has {len(compute)} compute nodes, "
+                f"global rank {max(ranks)} needs at least {max(ranks) + 1}"
+            )
+        own_store = dist.PrefixStore("topocoll", store)
+        check_digests(own_store, rank, size, topology.digest())
+        self._topology = topology
+        self._schedules = ScheduleSource(
+            topology, tuple(compute[g] for g in ranks), rank, own_store, planner or default_planner, segment_bytes
+        )
+        # Two inner groups: one carries only our schedule traffic and headers, so that user
+        # point-to-point messages (handed to the other) can never match our receives.
+        self._cpu_sched = dist.ProcessGroupGloo(dist.PrefixStore("topocoll/sched", store), rank, size, timeout)
+        self._cpu_other = dist.ProcessGroupGloo(dist.PrefixStore("topocoll/other", store), rank, size, timeout)
+        self._shm: ShmTransport | None = None
+        if shared_memory:
+            self._shm = ShmTransport(self._cpu_sched, rank, size, dist.PrefixStore("topocoll/shm", store), timeout)
+            weakref.finalize(self, self._shm.close)
+        self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout)
+        self._cuda_sched: Any = None
+        self._cuda_other: Any = None
+        self._cuda_executor: Executor | None = None
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._cuda_sched = dist.ProcessGroupNCCL(dist.PrefixStore("topocoll/nccl-sched", store), rank, size, options)
+            self._cuda_other = dist.ProcessGroupNCCL(dist.PrefixStore("topocoll/nccl-other", store), rank, size, options)
+            self._cuda_executor = Executor(self._cuda_sched, rank, timeout)
+
+    # ------------------------------------------------------------------ identification
+    def getBackendName(self) -> str:  # noqa: N802 (name fixed by torch)
+        """``"topo"``."""
+        return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def topology(self) -> Topology:
+        """The topology the group's schedules are made for."""
+        return self._topology
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Topology node of each group rank."""
+        return self._schedules.nodes
+
+    # ------------------------------------------------------------------ plumbing
+    def _executor(self, tensor: torch.Tensor) -> Executor:
+        if tensor.device.type == "cpu":
+            return self._cpu_executor
+        if tensor.device.type == "cuda" and self._cuda_executor is not None:
+            return self._cuda_executor
+        raise CollectiveError(f"rank {self._group_rank}: tensors on {tensor.device} are not supported")
+
+    def _other(self, tensors: Sequence[torch.Tensor]) -> Any:
+        if tensors and tensors[0].device.type == "cuda" and self._cuda_other is not None:
+            return self._cuda_other
+        return self._cpu_other
+
+    def _complete(self, result: list[torch.Tensor], body: Callable[[], None]) -> TopoWork:
+        try:
+            body()
+        except Exception as exc:  # the Work carries it to wait()
+            logger.debug("rank %d: collective failed: %s", self._group_rank, exc)
+            return TopoWork(result, exc)
+        return TopoWork(result)
+
+    def _agree(self, operation: str, numel: int, dtype: torch.dtype, reduce_code: int, root: int, local_error: str | None) -> None:
+        """Exchange headers; raise the same CollectiveError on every rank when they differ."""
+        dtype_code = _DTYPES.index(dtype) if dtype in _DTYPES else -1
+        op_code = _OPERATIONS.index(operation)
+        header = torch.tensor([op_code, numel, dtype_code, reduce_code, root, 1 if local_error else 0], dtype=torch.int64)
+        # One round of direct messages (tag 0 is kept free by lowering): cheaper than gloo's
+        # ring allgather, whose n - 1 sequential hops dominate small collectives.
+        gathered = [header if r == self._group_rank else torch.empty_like(header) for r in range(self._group_size)]
+        peers = [r for r in range(self._group_size) if r != self._group_rank]
+        try:
+            works = [self._cpu_sched.recv([gathered[r]], r, HEADER_TAG) for r in peers]
+            works += [self._cpu_sched.send([header], r, HEADER_TAG) for r in peers]
+            for work in works:
+                work.wait(self._timeout)
+        except RuntimeError as exc:
+            raise CollectiveError(f"rank {self._group_rank}: {operation}: peers did not answer: {exc}") from exc
+        if local_error:
+            raise CollectiveError(f"rank {self._group_rank}: {operation}: {local_error}")
+        rows = [tuple(int(v) for v in g.tolist()) for g in gathered]
+        bad = [r for r, row in enumerate(rows) if row[5]]
+        if bad:
+            raise CollectiveError(f"rank {self._group_rank}: {operation}: invalid arguments on rank(s) {bad}")
+        for field_index, name in enumerate(_HEADER_FIELDS[:5]):
+            values = [row[field_index] for row in rows]
+            if len(set(values)) > 1:
+                shown = ", ".join(f"rank {r}: {_describe(field_index, v)}" for r, v in enumerate(values))
+                raise CollectiveError(
+                    f"rank {self._group_rank}: {operation}: {name} differs across ranks ({shown})"
+                )
+
+    def _run(self, collective: Collective, buffer: torch.Tensor, reduce: _Reduce | None, root: int | None) -> None:
+        if buffer.numel() == 0 or self._group_size == 1:
+            return  # nothing to move (a group of one holds every result already)
+        size_bytes = buffer.numel() * buffer.element_size()
+        program = self._schedules.program(collective, root, buffer.numel(), size_bytes)
+        self._executor(buffer).run(program, buffer, reduce.reduction if reduce else None)
+
+    def _validate(self, tensors: Sequence[torch.Tensor], *, reduce: _Reduce | None = None) -> str | None:
+        """A description of what is wrong with the local arguments, or None."""
+        if len(tensors) != 1:
+            return f"expected exactly one tensor, got {len(tensors)}"
+        tensor = tensors[0]
+        if tensor.dtype not in _DTYPES:
+            return f"dtype {tensor.dtype} is not supported"
+        try:
+            self._executor(tensor)
+            if reduce is not None:
+                _check_reduce(reduce, tensor.dtype)
+        except CollectiveError as exc:
+            return str(exc)
+        return None
+
+    # ------------------------------------------------------------------ scheduled collectives
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """All-reduce ``tensors[0]`` in place."""
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        return self._complete(tensors, lambda: self._allreduce(tensors, opts.reduceOp, "allreduce"))
+
+    def _allreduce(self, tensors: list[torch.Tensor], op: Any, operation: str) -> None:
+        reduce, error = _reduce_or_error(op)
+        if error is None:
+            error = self._validate(tensors, reduce=reduce)
+        tensor = tensors[0] if len(tensors) == 1 else torch.empty(0)
+        self._agree(operation, tensor.numel(), tensor.dtype, reduce.code if reduce else -1, 0, error)
+        reduce = reduce or _parse_reduce_op(op)  # _agree raised already when op is invalid
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        flat = work.view(-1)
+        self._run(Collective.ALLREDUCE, flat, reduce, None)
+        if reduce.average and flat.numel():
+            flat.div_(self._group_size)
+        if work is not tensor:
+            tensor.copy_(work)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """All-reduce several tensors of one dtype and device with one schedule run."""
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self._complete(tensors, lambda: self._allreduce_coalesced(tensors, opts.reduceOp))
+
+    def _allreduce_coalesced(self, tensors: list[torch.Tensor], op: Any) -> None:
+        error = None
+        if not tensors:
+            error = "no tensors given"
+        elif len({(t.dtype, t.device) for t in tensors}) != 1:
+            error = "all tensors must share one dtype and device"
+        if error is not None:
+            reduce, _ = _reduce_or_error(op)
+            self._agree("allreduce_coalesced", 0, torch.float32, reduce.code if reduce else -1, 0, error)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self._allreduce([flat], op, "allreduce_coalesced")
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+            offset += t.numel()
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """Broadcast ``tensors[0]`` of rank ``opts.rootRank`` to every rank, in place."""
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        return self._complete(tensors, lambda: self._broadcast(tensors, opts.rootRank))
+
+    def _broadcast(self, tensors: list[torch.Tensor], root: int) -> None:
+        error = self._validate(tensors) or self._root_error(root)
+        tensor = tensors[0] if len(tensors) == 1 else torch.empty(0)
+        self._agree("broadcast", tensor.numel(), tensor.dtype, -1, root, error)
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self._run(Collective.BROADCAST, _bytes_view(work), None, root)
+        if work is not tensor:
+            tensor.copy_(work)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """Reduce ``tensors[0]`` of every rank into rank ``opts.rootRank``'s, in place there."""
+        opts = opts if opts is not None else dist.ReduceOptions()
+        return self._complete(tensors, lambda: self._reduce(tensors, opts.rootRank, opts.reduceOp))
+
+    def _reduce(self, tensors: list[torch.Tensor], root: int, op: Any) -> None:
+        reduce, error = _reduce_or_error(op)
+        error = error or self._validate(tensors, reduce=reduce) or self._root_error(root)
+        tensor = tensors[0] if len(tensors) == 1 else torch.empty(0)
+        self._agree("reduce", tensor.numel(), tensor.dtype, reduce.code if reduce else -1, root, error)
+        reduce = reduce or _parse_reduce_op(op)  # _agree raised already when op is invalid
+        is_root = self._group_rank == root
+        # Other ranks' inputs stay untouched: the schedule may add partial sums into them.
+        work = tensor if is_root and tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
+        flat = work.view(-1)
+        self._run(Collective.REDUCE, flat, reduce, root)
+        if is_root:
+            if reduce.average and flat.numel():
+                flat.div_(self._group_size)
+            if work is not tensor:
+                tensor.copy_(work)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """Gather ``input_tensors[0]`` of every rank into ``output_tensors[0][rank]``."""
+        outputs = output_tensors[0] if len(output_tensors) == 1 else []
+        return self._complete(list(outputs), lambda: self._allgather_list(output_tensors, input_tensors))
+
+    def _allgather_list(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor]) -> None:
+        error = self._validate(input_tensors)
+        if error is None:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != self._group_size:
+                error = f"expected one list of {self._group_size} output tensors"
+            else:
+                error = _same_numel_error(output_tensors[0], input_tensors[0])
+        tensor = input_tensors[0] if len(input_tensors) == 1 else torch.empty(0)
+        self._agree("allgather", tensor.numel(), tensor.dtype, -1, 0, error)
+        gathered = self._gather_into_new(tensor)
+        _scatter_copy(gathered, output_tensors[0])
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TopoWork:  # noqa: A002
+        """Gather every rank's ``input`` into ``output`` (``size`` times as many elements)."""
+        return self._complete([output], lambda: self._allgather_tensor(output, input))
+
+    def _allgather_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        error = self._validate([tensor])
+        if error is None:
+            error = _base_shape_error(output, tensor, self._group_size)
+        self._agree("allgather_into_tensor", tensor.numel(), tensor.dtype, -1, 0, error)
+        gathered = self._gather_into_new(tensor)
+        output.copy_(gathered.view(output.shape))
+
+    def _gather_into_new(self, tensor: torch.Tensor) -> torch.Tensor:
+        m = tensor.numel()
+        buffer = torch.empty(m * self._group_size, dtype=tensor.dtype, device=tensor.device)
+        buffer[self._group_rank * m : (self._group_rank + 1) * m].copy_(tensor.reshape(-1))
+        self._run(Collective.ALLGATHER, _bytes_view(buffer), None, None)
+        return buffer
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """One :meth:`allgather` per input tensor."""
+        results = [t for outputs in output_lists for t in outputs]
+        return self._complete(results, lambda: [self._allgather_list([o], [i]) for o, i in zip(output_lists, input_list)])
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """One all-gather-into-tensor per pair."""
+        return self._complete(outputs, lambda: [self._allgather_tensor(o, i) for o, i in zip(outputs, inputs)])
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None) -> TopoWork:
+        """Reduce ``input_tensors[0][r]`` over ranks into rank ``r``'s ``output_tensors[0]``."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._complete(output_tensors, lambda: self._reduce_scatter_list(output_tensors, input_tensors, opts.reduceOp))
+
+    def _reduce_scatter_list(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], op: Any) -> None:
+        reduce, error = _reduce_or_error(op)
+        error = error or self._validate(output_tensors, reduce=reduce)
+        if error is None:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self._group_size:
+                error = f"expected one list of {self._group_size} input tensors"
+            else:
+                error = _same_numel_error(input_tensors[0], output_tensors[0])
+        output = output_tensors[0] if len(output_tensors) == 1 else torch.empty(0)
+        self._agree("reduce_scatter", output.numel(), output.dtype, reduce.code if reduce else -1, 0, error)
+        reduce = reduce or _parse_reduce_op(op)  # _agree raised already when op is invalid
+        buffer = torch.cat([t.reshape(-1) for t in input_tensors[0]])
+        self._reduce_scatter_into(output, buffer, reduce)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TopoWork:  # noqa: A002
+        """Reduce ``input`` (``size`` shards) over ranks; rank ``r`` gets shard ``r`` in ``output``."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._complete([output], lambda: self._reduce_scatter_tensor(output, input, opts.reduceOp))
+
+    def _reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: Any) -> None:
+        reduce, error = _reduce_or_error(op)
+        error = error or self._validate([output], reduce=reduce)
+        if error is None:
+            error = _base_shape_error(tensor, output, self._group_size)
+            if error is None and tensor.dtype != output.dtype:
+                error = f"input dtype {tensor.dtype} differs from output dtype {output.dtype}"
+        self._agree("reduce_scatter_tensor", output.numel(), output.dtype, reduce.code if reduce else -1, 0, error)
+        reduce = reduce or _parse_reduce_op(op)  # _agree raised already when op is invalid
+        self._reduce_scatter_into(output, tensor.reshape(-1).clone(), reduce)
+
+    def _reduce_scatter_into(self, output: torch.Tensor, buffer: torch.Tensor, reduce: _Reduce) -> None:
+        m = output.numel()
+        self._run(Collective.REDUCE_SCATTER, buffer, reduce, None)
+        shard = buffer[self._group_rank * m : (self._group_rank + 1) * m]
+        if reduce.average and m:
+            shard.div_(self._group_size)
+        output.copy_(shard.view(output.shape))
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """One reduce-scatter-tensor per pair."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._complete(
+            outputs, lambda: [self._reduce_scatter_tensor(o, i, opts.reduceOp) for o, i in zip(outputs, inputs)]
+        )
+
+    # ------------------------------------------------------------------ handed to the inner backend
+    def barrier(self, opts: Any = None) -> Any:
+        """Barrier of the inner backend (after every earlier scheduled collective completed)."""
+        options = dist.BarrierOptions()
+        options.timeout = self._timeout
+        return self._cpu_sched.barrier(options)
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> Any:  # noqa: N803
+        """Inner backend's send."""
+        return self._other(tensors).send(tensors, dstRank, tag)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any:  # noqa: N803
+        """Inner backend's receive."""
+        return self._other(tensors).recv(tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        """Inner backend's receive from any rank."""
+        return self._other(tensors).recv_anysource(tensors, tag)
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        """Inner backend's gather."""
+        return self._other(input_tensors).gather(output_tensors, input_tensors, opts or dist.GatherOptions())
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        """Inner backend's scatter."""
+        return self._other(output_tensors).scatter(output_tensors, input_tensors, opts or dist.ScatterOptions())
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Any:
+        """Inner backend's all-to-all of one tensor."""
+        return self._other([input]).alltoall_base(
+            output, input, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()
+        )
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """All-to-all of tensor lists, through the inner backend's single-tensor all-to-all."""
+        return self._complete(output_tensors, lambda: self._alltoall(output_tensors, input_tensors))
+
+    def _alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor]) -> None:
+        if len(output_tensors) != self._group_size or len(input_tensors) != self._group_size:
+            raise CollectiveError(f"rank {self._group_rank}: alltoall needs {self._group_size} input and output tensors")
+        if len({t.dtype for t in list(output_tensors) + list(input_tensors)}) != 1:
+            raise CollectiveError(f"rank {self._group_rank}: alltoall tensors must share one dtype")
+        send = torch.cat([t.reshape(-1) for t in input_tensors])
+        receive = torch.empty(sum(t.numel() for t in output_tensors), dtype=send.dtype, device=send.device)
+        work = self._other(input_tensors).alltoall_base(
+            receive, send, [t.numel() for t in output_tensors], [t.numel() for t in input_tensors], dist.AllToAllOptions()
+        )
+        work.wait(self._timeout)
+        _scatter_copy(receive, output_tensors)
+
+    # torch >= 2.13 names of the single-tensor forms (the underscore names are the older ones)
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TopoWork:  # noqa: A002
+        """Same as :meth:`_allgather_base` (``dist.all_gather_into_tensor``)."""
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TopoWork:  # noqa: A002
+        """Same as :meth:`_reduce_scatter_base` (``dist.reduce_scatter_tensor``)."""
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """Same as :meth:`allgather_into_tensor_coalesced`."""
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> TopoWork:
+        """Same as :meth:`reduce_scatter_tensor_coalesced`."""
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Any:
+        """Same as :meth:`alltoall_base` (``dist.all_to_all_single``)."""
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def _root_error(self, root: int) -> str | None:
+        if not 0 <= root < self._group_size:
+            return f"root {root} is not a rank of this group of {self._group_size}"
+        return None
+
+
+_OPERATIONS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "allgather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+)
+"""Header codes of the scheduled operations (their index)."""
+
+
+def _describe(field_index: int, value: int) -> str:
+    if field_index == 0:
+        return _OPERATIONS[value]
+    if field_index == 2:
+        return str(_DTYPES[value]).removeprefix("torch.") if 0 <= value < len(_DTYPES) else "unsupported dtype"
+    if field_index == 3:
+        return str(_REDUCE_OPS[value][0]).rsplit(".", 1)[-1] if 0 <= value < len(_REDUCE_OPS) else "none"
+    return str(value)
+
+
+def _reduce_or_error(op: Any) -> tuple[_Reduce | None, str | None]:
+    try:
+        return _parse_reduce_op(op), None
+    except CollectiveError as exc:
+        return None, str(exc)
+
+
+def _bytes_view(buffer: torch.Tensor) -> torch.Tensor:
+    """Copy-only collectives move raw bytes: no per-dtype concerns, one schedule per size."""
+    return buffer.view(-1).view(torch.uint8) if buffer.dtype != torch.bool else buffer.view(-1)
+
+
+def _same_numel_error(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> str | None:
+    for i, t in enumerate(tensors):
+        if t.numel() != like.numel() or t.dtype != like.dtype or t.device != like.device:
+            return (
+                f"tensor {i} has {t.numel()} {t.dtype} elements on {t.device}, "
+                f"expected {like.numel()} {like.dtype} on {like.device}"
+            )
+    return None
+
+
+def _base_shape_error(large: torch.Tensor, small: torch.Tensor, size: int) -> str | None:
+    if large.numel() != small.numel() * size:
+        return f"the large tensor has {large.numel()} elements, expected {size} x {small.numel()}"
+    if large.dtype != small.dtype or large.device != small.device:
+        return f"dtype/device differ: {large.dtype} on {large.device} vs {small.dtype} on {small.device}"
+    return None
+
+
+def _scatter_copy(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
+    offset = 0
+    for out in outputs:
+        out.copy_(flat[offset : offset + out.numel()].view(out.shape))
+        offset += out.numel()
+
+
+def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
+    """Backend creator torch.distributed calls (extended API: it gets the global ranks)."""
+    extra = backend_options if isinstance(backend_options, TopoOptions) else TopoOptions()
+    return TopoProcessGroup(
+        options.store,
+        options.group_rank,
+        options.group_size,
+        options.timeout,
+        global_ranks=list(options.global_ranks_in_group) or None,
+        topology=extra.topology,
+        planner=extra.planner,
+        segment_bytes=extra.segment_bytes,
+        shared_memory=extra.shared_memory,
+    )
+
+
+def register() -> None:
+    """Register ``"topo"`` with torch.distributed (devices ``cpu`` and ``cuda``); idempotent."""
+    plugins = getattr(dist.Backend, "_plugins", {})
+    existing = plugins.get(BACKEND_NAME.upper())
+    if existing is not None:
+        if getattr(existing, "creator_fn", None) is not _create:
+            raise CollectiveError(f"another backend is already registered as {BACKEND_NAME!r}")
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])

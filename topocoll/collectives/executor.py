@@ -1,0 +1,257 @@
+"""The executor: runs a :class:`~topocoll.collectives.lower.RankProgram` on a flat tensor.
+
+Messages travel through point-to-point ``send`` / ``recv`` of an inner torch.distributed
+backend (gloo for CPU tensors, NCCL for CUDA tensors). For every step the executor posts all
+receives, then all sends, waits for all of them, and only then applies the receives that landed
+in scratch space and may not be applied early (contract 2: transfers of a step read the values
+from before it); isolated receives are reduced as soon as they arrive, overlapping the
+reduction with the messages still in flight. Reductions are single in-place torch calls per
+message; there is no Python work per element.
+
+A transport may offer two optional hooks, which :class:`~topocoll.collectives.shm.ShmTransport`
+does: ``begin_program(messages)`` (called before a program runs, to size staging space; the
+caller of :meth:`Executor.run` must then make sure that every peer finished the previous run,
+which the backend's header exchange does) and
+``recv_apply(target, src, tag, apply)`` (an isolated reduction applied where the data lies, with
+no copy into scratch first).
+
+On CUDA tensors every step is issued as one group (``_start_coalescing`` /
+``_end_coalescing`` of the NCCL backend), and all receives are applied after the group.
+
+The scratch area is one grow-only tensor per (dtype, device), owned by the :class:`Executor`
+and reused across calls.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from topocoll.collectives.lower import ProgramStep, RankProgram, Recv
+from topocoll.errors import CollectiveError
+from topocoll.solver.schedule import Op
+
+__all__ = ["Reduction", "Executor", "combine", "check_reduction"]
+
+logger = logging.getLogger(__name__)
+
+
+class Reduction(str, enum.Enum):
+    """How a ``REDUCE`` transfer combines the received values into the local ones."""
+
+    SUM = "sum"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+
+
+def _minimum(dst: torch.Tensor, src: torch.Tensor) -> None:
+    torch.minimum(dst, src, out=dst)
+
+
+def _maximum(dst: torch.Tensor, src: torch.Tensor) -> None:
+    torch.maximum(dst, src, out=dst)
+
+
+_COMBINE: dict[Reduction, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    Reduction.SUM: torch.Tensor.add_,
+    Reduction.PRODUCT: torch.Tensor.mul_,
+    Reduction.MIN: _minimum,
+    Reduction.MAX: _maximum,
+    Reduction.BAND: torch.Tensor.bitwise_and_,
+    Reduction.BOR: torch.Tensor.bitwise_or_,
+    Reduction.BXOR: torch.Tensor.bitwise_xor_,
+}
+
+_BITWISE = (Reduction.BAND, Reduction.BOR, Reduction.BXOR)
+
+
+def check_reduction(reduction: Reduction, dtype: torch.dtype) -> None:
+    """Refuse the combinations gloo refuses: bitwise reductions of floating-point data.
+
+    Raises
+    ------
+    CollectiveError
+        ``reduction`` is bitwise and ``dtype`` is floating point or complex.
+    """
+    if reduction in _BITWISE and (dtype.is_floating_point or dtype.is_complex):
+        raise CollectiveError(f"reduction {reduction.value} needs an integer or bool tensor, got {dtype}")
+    if reduction in (Reduction.MIN, Reduction.MAX) and dtype.is_complex:
+        raise CollectiveError(f"reduction {reduction.value} is undefined for complex tensors ({dtype})")
+
+
+def combine(reduction: Reduction, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst = reduction(dst, src)`` in place (both tensors of the same shape and dtype)."""
+    _COMBINE[reduction](dst, src)
+
+
+class Executor:
+    """Runs rank programs over point-to-point ops of one inner backend.
+
+    Parameters
+    ----------
+    transport : torch.distributed backend
+        Anything with torch's ``send(tensors, dst, tag)`` / ``recv(tensors, src, tag)`` that
+        return ``Work`` objects (``ProcessGroupGloo``, ``ProcessGroupNCCL``). Its ranks are the
+        program's ranks.
+    rank : int
+        This process's rank in ``transport`` (for messages).
+    timeout : datetime.timedelta
+        How long to wait for one message before giving up.
+    """
+
+    def __init__(self, transport: Any, rank: int, timeout: timedelta) -> None:
+        self._transport = transport
+        self._rank = rank
+        self._timeout = timeout
+        self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def scratch(self, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
+        """A reusable flat scratch tensor of at least ``numel`` elements."""
+        key = (dtype, device)
+        buffer = self._scratch.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel, dtype=dtype, device=device)
+            self._scratch[key] = buffer
+        return buffer
+
+    def run(self, program: RankProgram, buffer: torch.Tensor, reduction: Reduction | None) -> None:
+        """Run ``program`` on ``buffer`` in place.
+
+        Parameters
+        ----------
+        program : RankProgram
+            The program of this rank.
+        buffer : torch.Tensor
+            Flat, contiguous, ``program.count`` elements.
+        reduction : Reduction or None
+            How ``REDUCE`` receives combine; None for collectives that only copy.
+
+        Raises
+        ------
+        CollectiveError
+            A message failed or timed out (the message names the step and peer), or the program
+            reduces but no reduction was given.
+        """
+        if buffer.dim() != 1 or not buffer.is_contiguous() or buffer.numel() != program.count:
+            raise CollectiveError(
+                f"rank {self._rank}: executor needs a flat contiguous buffer of {program.count} elements, "
+                f"got shape {tuple(buffer.shape)}"
+            )
+        scratch = self.scratch(buffer.dtype, buffer.device, program.scratch_elements)
+        if reduction is None and any(r.op is Op.REDUCE for step in program.steps for r in step.recvs):
+            raise CollectiveError(f"rank {self._rank}: {program.collective.value} program reduces but no reduction op was given")
+        begin_program = getattr(self._transport, "begin_program", None)
+        if begin_program is not None:  # transports that stage data (shared memory) size it first
+            size = buffer.element_size()
+            try:
+                begin_program([(send.peer, send.numel * size) for step in program.steps for send in step.sends])
+            except OSError as exc:
+                raise CollectiveError(f"rank {self._rank}: cannot stage {program.collective.value} data: {exc}") from exc
+        grouped = buffer.device.type != "cpu"
+        for index, step in enumerate(program.steps):
+            if grouped:
+                self._run_step_grouped(index, step, buffer, scratch, reduction)
+            else:
+                self._run_step(index, step, buffer, scratch, reduction, program.collective.value)
+
+    def _run_step(
+        self,
+        index: int,
+        step: ProgramStep,
+        buffer: torch.Tensor,
+        scratch: torch.Tensor,
+        reduction: Reduction | None,
+        collective: str,
+    ) -> None:
+        """One step over a transport whose sends and receives progress independently (gloo)."""
+        try:
+            receiving = []
+            recv_apply = getattr(self._transport, "recv_apply", None)
+            for recv in step.recvs:
+                if recv_apply is not None and reduction is not None and recv.op is Op.REDUCE and not recv.after_step:
+                    # an isolated reduce the transport can apply where the data lies
+                    target = buffer[recv.start : recv.stop]
+                    work = recv_apply(target, recv.peer, recv.tag, self._combiner(reduction))
+                    if work is not None:
+                        receiving.append((recv, None, work))
+                        continue
+                landing = self._landing(recv, buffer, scratch)
+                receiving.append((recv, landing, self._transport.recv([landing], recv.peer, recv.tag)))
+            sending = [
+                (send, self._transport.send([buffer[send.start : send.stop]], send.peer, send.tag)) for send in step.sends
+            ]
+            deferred = []
+            for recv, landing, work in receiving:
+                self._wait(work, f"receive from rank {recv.peer}", index)
+                if landing is None:
+                    continue  # applied by the transport
+                if recv.after_step:
+                    deferred.append((recv, landing))
+                elif recv.scratch_start is not None:
+                    # isolated: nothing else of this step touches the range, so reduce now while
+                    # later messages are still arriving
+                    self._apply(recv, landing, buffer, reduction)
+            for send, work in sending:
+                self._wait(work, f"send to rank {send.peer}", index)
+        except RuntimeError as exc:
+            if isinstance(exc, CollectiveError):
+                raise
+            raise CollectiveError(f"rank {self._rank}: step {index} of {collective} failed: {exc}") from exc
+        for recv, landing in deferred:
+            self._apply(recv, landing, buffer, reduction)
+
+    def _run_step_grouped(
+        self, index: int, step: ProgramStep, buffer: torch.Tensor, scratch: torch.Tensor, reduction: Reduction | None
+    ) -> None:
+        """One step as one group of operations (NCCL: point-to-point calls issued one by one on a
+        pair's stream would let two ranks' receives wait for sends queued behind them)."""
+        device = buffer.device
+        landings = [(recv, self._landing(recv, buffer, scratch)) for recv in step.recvs]
+        try:
+            self._transport._start_coalescing(device)
+            for recv, landing in landings:
+                self._transport.recv([landing], recv.peer, recv.tag)
+            for send in step.sends:
+                self._transport.send([buffer[send.start : send.stop]], send.peer, send.tag)
+            work = self._transport._end_coalescing(device)
+            self._wait(work, "grouped messages", index)
+        except RuntimeError as exc:
+            if isinstance(exc, CollectiveError):
+                raise
+            raise CollectiveError(f"rank {self._rank}: step {index} failed: {exc}") from exc
+        for recv, landing in landings:
+            if recv.scratch_start is not None:
+                self._apply(recv, landing, buffer, reduction)
+
+    @staticmethod
+    def _combiner(reduction: Reduction) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        return lambda target, data: combine(reduction, target, data)
+
+    @staticmethod
+    def _landing(recv: Recv, buffer: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+        if recv.scratch_start is None:
+            return buffer[recv.start : recv.stop]
+        return scratch[recv.scratch_start : recv.scratch_start + recv.numel]
+
+    @staticmethod
+    def _apply(recv: Recv, landing: torch.Tensor, buffer: torch.Tensor, reduction: Reduction | None) -> None:
+        target = buffer[recv.start : recv.stop]
+        if recv.op is Op.COPY or reduction is None:
+            target.copy_(landing)
+        else:
+            combine(reduction, target, landing)
+
+    def _wait(self, work: Any, what: str, step: int) -> None:
+        try:
+            work.wait(self._timeout)
+        except RuntimeError as exc:
+            raise CollectiveError(f"rank {self._rank}: step {step}: {what} failed: {exc}") from exc

@@ -1,0 +1,216 @@
+"""Where a process group's schedules come from.
+
+Rank 0 of the group synthesizes a schedule (through a planner, by default
+:func:`topocoll.solver.plan`) the first time a (collective, root, size bucket) is needed and
+publishes its JSON through the group's store; the other ranks read it from there. Every rank
+checks that the schedule was made for its own topology (digest) and its own rank-to-node map,
+then lowers it for its rank. Schedules are cached per (collective, root, size bucket) and
+programs per (collective, root, size bucket, element count). The topology of the group is fixed
+when the group is created, so the topology digest is part of every cache key implicitly (and of
+the store key explicitly).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from topocoll.collectives.lower import RankProgram, lower
+from topocoll.errors import CollectiveError, TopocollError
+from topocoll.solver.schedule import Collective, Schedule
+from topocoll.topo.model import Topology
+
+__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "check_digests"]
+
+logger = logging.getLogger(__name__)
+
+Planner = Callable[[Topology, Collective, tuple[str, ...], "int | None", "int | None"], Schedule]
+"""``planner(topology, collective, ranks, root, size_bytes) -> Schedule``."""
+
+PROGRAM_CACHE_ENTRIES = 256
+"""Lowered programs kept per group. A program is a few hundred small records; the bound only
+keeps a workload with ever-changing tensor sizes from growing the cache without limit."""
+
+
+DEFAULT_SEGMENT_BYTES: int | None = None
+"""Messages are not cut by default. Cutting lets a receiver reduce one segment while the next is
+on the wire, but measured side by side on a 2-core host (4 ranks, gloo over loopback, 16 MiB
+all_reduce) 1 MiB segments were 5 % slower and 256 KiB segments 30 % slower than whole
+messages: with the cores saturated by the transport there is nothing to overlap. Pass
+``segment_bytes`` where the reduction runs on other hardware than the transport."""
+
+
+STEP_OVERHEAD_S = 1e-4
+"""Cost of one schedule step in the solver's α-β model, for the gloo executor.
+
+Measured here (4 ranks, 2 cores, gloo over loopback): each extra step of a small all_reduce
+costs about 2 ms, while data moves at about 0.5 GB/s per rank. The flat topology models its
+links at 12 GB/s (:data:`topocoll.topo.bandwidth.SHM_BW_BYTES_PER_S`), so in the model's units
+a step costs 2e-3 s x 0.5 / 12 = 1e-4 s, twelve times NCCL's figure (the solver's default),
+which would make the planner favour deep pipelines (e.g. 18-step broadcasts) that this path
+pays for in synchronisation."""
+
+
+def default_planner(
+    topology: Topology, collective: Collective, ranks: tuple[str, ...], root: int | None, size_bytes: int | None
+) -> Schedule:
+    """Synthesize with :func:`topocoll.solver.plan` (imported on first use), steps costed at
+    :data:`STEP_OVERHEAD_S`."""
+    from topocoll.solver import plan
+
+    # the value, not the member: plan() parses str arguments, and Collective members are str
+    return plan(topology, collective.value, list(ranks), root=root, size_bytes=size_bytes, per_message_overhead_s=STEP_OVERHEAD_S)
+
+
+def size_bucket(size_bytes: int) -> int:
+    """The power of two at or above ``size_bytes`` (1 for 0): schedules are shared per bucket."""
+    if size_bytes <= 1:
+        return 1
+    return 1 << (size_bytes - 1).bit_length()
+
+
+def _as_text(value: Any) -> str:
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def check_digests(store: Any, rank: int, size: int, digest: str, key: str = "topology_digest") -> None:
+    """Publish this rank's topology digest and compare it with every other rank's.
+
+    Raises
+    ------
+    CollectiveError
+        On every rank, when any two ranks loaded different topologies.
+    """
+    store.set(f"{key}/{rank}", digest)
+    digests = {r: _as_text(store.get(f"{key}/{r}")) for r in range(size)}
+    differing = sorted(r for r, d in digests.items() if d != digests[0])
+    if differing:
+        raise CollectiveError(
+            f"rank {rank}: ranks {differing} loaded a different topology than rank 0 "
+            f"({digests[differing[0]][:19]}... vs {digests[0][:19]}...); point TOPOCOLL_TOPOLOGY at the same file everywhere"
+        )
+
+
+class ScheduleSource:
+    """Schedules and lowered programs for one rank of one process group.
+
+    Parameters
+    ----------
+    topology : Topology
+        The topology every rank of the group loaded (digests already compared).
+    nodes : tuple of str
+        ``nodes[i]`` is the topology node group rank ``i`` runs on.
+    rank : int
+        This process's rank in the group.
+    store : torch.distributed.Store
+        A store private to the group (a ``PrefixStore``); rank 0 publishes schedules there.
+    planner : Planner
+        Makes a schedule; only rank 0 calls it.
+    segment_bytes : int or None
+        Largest message of a lowered program in bytes (None: no limit).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        nodes: tuple[str, ...],
+        rank: int,
+        store: Any,
+        planner: Planner,
+        segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
+        if segment_bytes is not None and (isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1):
+            raise CollectiveError(f"segment_bytes must be a positive integer or None, got {segment_bytes!r}")
+        self._segment_bytes = segment_bytes
+        self._topology = topology
+        self._digest = topology.digest()
+        self._nodes = tuple(nodes)
+        self._rank = rank
+        self._store = store
+        self._planner = planner
+        self._schedules: dict[tuple[Collective, int | None, int], Schedule] = {}
+        self._programs: OrderedDict[tuple[Collective, int | None, int, int, int], RankProgram] = OrderedDict()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Topology node of each group rank."""
+        return self._nodes
+
+    def program(self, collective: Collective, root: int | None, count: int, size_bytes: int) -> RankProgram:
+        """The program of this rank for ``collective`` on ``count`` elements (``size_bytes`` bytes).
+
+        Raises
+        ------
+        CollectiveError
+            Rank 0 could not make a schedule, or the schedule does not fit this rank's topology.
+        """
+        bucket = size_bucket(size_bytes)
+        key = (collective, root, bucket, count, size_bytes)
+        program = self._programs.get(key)
+        if program is not None:
+            self._programs.move_to_end(key)
+            return program
+        schedule = self.schedule(collective, root, bucket)
+        segment = None
+        if self._segment_bytes is not None and count:
+            segment = max(1, self._segment_bytes * count // max(size_bytes, 1))
+        program = lower(schedule, self._rank, count, max_message_elements=segment)
+        self._programs[key] = program
+        while len(self._programs) > PROGRAM_CACHE_ENTRIES:
+            self._programs.popitem(last=False)
+        return program
+
+    def schedule(self, collective: Collective, root: int | None, bucket: int) -> Schedule:
+        """The group's schedule for ``collective`` in size bucket ``bucket`` (bytes)."""
+        key = (collective, root, bucket)
+        cached = self._schedules.get(key)
+        if cached is not None:
+            return cached
+        store_key = f"schedule/{self._digest}/{collective.value}/{root}/{bucket}"
+        if self._rank == 0:
+            schedule = self._plan_and_publish(store_key, collective, root, bucket)
+        else:
+            schedule = self._fetch(store_key)
+        self._check(schedule, collective, root)
+        self._schedules[key] = schedule
+        return schedule
+
+    def _plan_and_publish(self, store_key: str, collective: Collective, root: int | None, bucket: int) -> Schedule:
+        try:
+            schedule = self._planner(self._topology, collective, self._nodes, root, bucket)
+        except TopocollError as exc:
+            self._store.set(store_key, json.dumps({"error": str(exc)}))
+            raise CollectiveError(f"rank 0: no {collective.value} schedule for ranks {list(self._nodes)}: {exc}") from exc
+        except Exception as exc:
+            self._store.set(store_key, json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+            raise
+        logger.debug("rank 0 planned %s (%s) for %d bytes: %d steps", collective.value, schedule.name, bucket, len(schedule.steps))
+        self._store.set(store_key, json.dumps({"schedule": schedule.to_json_dict()}))
+        return schedule
+
+    def _fetch(self, store_key: str) -> Schedule:
+        try:
+            payload = json.loads(_as_text(self._store.get(store_key)))
+        except RuntimeError as exc:
+            raise CollectiveError(f"rank {self._rank}: rank 0 never published schedule {store_key}: {exc}") from exc
+        if "error" in payload:
+            raise CollectiveError(f"rank {self._rank}: rank 0 could not make a schedule: {payload['error']}")
+        return Schedule.from_json_dict(payload["schedule"], source=f"schedule from rank 0 ({store_key})")
+
+    def _check(self, schedule: Schedule, collective: Collective, root: int | None) -> None:
+        if schedule.topology_digest and schedule.topology_digest != self._digest:
+            raise CollectiveError(
+                f"rank {self._rank}: schedule was made for topology {schedule.topology_digest[:19]}..., "
+                f"this rank has {self._digest[:19]}..."
+            )
+        if schedule.collective is not collective or tuple(schedule.ranks) != self._nodes:
+            raise CollectiveError(
+                f"rank {self._rank}: got a {schedule.collective.value} schedule over {list(schedule.ranks)}, "
+                f"needed {collective.value} over {list(self._nodes)}"
+            )
+        if collective.is_rooted and schedule.root != root:
+            raise CollectiveError(f"rank {self._rank}: schedule has root {schedule.root}, needed {root}")
+

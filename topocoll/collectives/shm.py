@@ -1,0 +1,327 @@
+"""A shared-memory transport for ranks on one host (the ``shm`` links of a topology).
+
+Through gloo, a message between two processes of one host crosses loopback TCP: a copy into the
+kernel, a copy out, and a wake-up per socket buffer. Here the sender copies the data once into
+a shared-memory file it owns for that peer and sends a 24-byte *doorbell* (generation, offset,
+length) through the inner gloo group; the receiver copies the data out of the mapping, or
+reduces straight from it (:meth:`ShmTransport.recv_apply`).
+
+Each ordered pair (sender, receiver) has one file (an *arena*) that holds every message of one
+program to that peer at its own offset, so nothing is overwritten while a program runs.
+:meth:`ShmTransport.begin_program` sizes it (a larger *generation* replaces a small one) and
+starts again at offset 0; its caller guarantees that every peer has finished reading the
+previous program's messages (the backend's argument-header exchange before every collective is
+such a point: a rank sends its header only after its previous collective completed). There are
+therefore no acknowledgements.
+
+The receiver unlinks a file as soon as it has mapped it, so nothing stays in the shared-memory
+directory in normal operation; the sender unlinks arenas it replaces or still owns at
+:meth:`ShmTransport.close`.
+
+Which peers share memory is probed, not assumed: every rank writes a token file, and a pair
+uses shared memory only when both ranks read each other's token. Other peers go through gloo.
+When an arena cannot be allocated (a full shared-memory directory), that program's messages to
+the peer go through gloo after a doorbell saying so. Point-to-point calls have the signatures of torch's ``send`` / ``recv``, so the executor runs
+unchanged over this transport.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import secrets
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from topocoll.errors import CollectiveError
+
+__all__ = ["ShmTransport", "SHM_DIRECTORY"]
+
+logger = logging.getLogger(__name__)
+
+SHM_DIRECTORY = "/dev/shm"
+"""Where Linux keeps POSIX shared memory (a tmpfs)."""
+
+GLOO_DATA_TAG_BIT = 1 << 30
+"""Data that follows a doorbell through gloo carries the message's tag plus this bit (schedule
+tags count the messages of one pair in one program and stay far below it)."""
+
+_ALIGN_BYTES = 64
+"""Messages start on cache-line boundaries inside an arena."""
+
+
+class _Arena:
+    """One memory-mapped file."""
+
+    def __init__(self, path: str, size_bytes: int, create: bool) -> None:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                try:
+                    os.posix_fallocate(fd, 0, size_bytes)  # fail now, not with SIGBUS on a write
+                except OSError as exc:
+                    os.unlink(path)
+                    raise CollectiveError(
+                        f"cannot reserve {size_bytes} bytes of shared memory in {os.path.dirname(path)}: {exc}"
+                    ) from exc
+            else:
+                size_bytes = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, size_bytes)
+        finally:
+            os.close(fd)
+        self.path = path
+        self.size_bytes = size_bytes
+        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def close(self) -> None:
+        del self.tensor
+        self._map.close()
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass  # the receiver already did
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class _SendWork:
+    def __init__(self, works: tuple[Any, ...], doorbell: torch.Tensor) -> None:
+        self._works = works
+        self._doorbell = doorbell  # gloo reads it until the works complete
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        for work in self._works:
+            work.wait(timeout) if timeout is not None else work.wait()
+        return True
+
+
+class _RecvWork:
+    def __init__(
+        self,
+        transport: "ShmTransport",
+        work: Any,
+        doorbell: torch.Tensor,
+        target: torch.Tensor,
+        src: int,
+        tag: int,
+        apply: Callable[[torch.Tensor, torch.Tensor], None] | None,
+    ) -> None:
+        self._transport = transport
+        self._work = work
+        self._doorbell = doorbell
+        self._target = target
+        self._src = src
+        self._tag = tag
+        self._apply = apply
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._work.wait(timeout) if timeout is not None else self._work.wait()
+        self._transport._deliver(self._doorbell, self._target, self._src, self._tag, self._apply)
+        return True
+
+
+class ShmTransport:
+    """``send`` / ``recv`` through shared memory for peers on this host, gloo for the others.
+
+    Parameters
+    ----------
+    inner : ProcessGroupGloo
+        Carries doorbells, and whole messages to peers without shared memory.
+    rank, size : int
+        This rank and the group size.
+    store : torch.distributed.Store
+        A store private to the group (for the probe).
+    timeout : datetime.timedelta
+        How long to wait for data that follows a doorbell through gloo.
+    directory : str
+        The shared-memory directory.
+    """
+
+    def __init__(self, inner: Any, rank: int, size: int, store: Any, timeout: timedelta, directory: str = SHM_DIRECTORY) -> None:
+        self._inner = inner
+        self._rank = rank
+        self._size = size
+        self._timeout = timeout
+        self._directory = directory
+        self._outgoing: dict[int, _Arena] = {}
+        self._generation: dict[int, int] = {}
+        self._cursor: dict[int, int] = {}
+        self._incoming: dict[int, tuple[int, _Arena]] = {}
+        self._through_gloo: set[int] = set()
+        self._token = secrets.token_hex(8)
+        self._prefix = self._agree_prefix(store)
+        self.peers = self._probe(store)
+
+    # ------------------------------------------------------------------ setup
+    def _agree_prefix(self, store: Any) -> str:
+        if self._rank == 0:
+            store.set("shm/group", secrets.token_hex(8))
+        group = store.get("shm/group").decode()
+        return f"topocoll-{group}"
+
+    def _path(self, src: int, dst: int, generation: int) -> str:
+        return os.path.join(self._directory, f"{self._prefix}-{src}-{dst}-{generation}")
+
+    def _probe(self, store: Any) -> frozenset[int]:
+        """The peers that can map this rank's files and whose files this rank can map."""
+        probe = os.path.join(self._directory, f"{self._prefix}-probe-{self._rank}")
+        readable: set[int] = set()
+        wrote = False
+        try:
+            with open(probe, "x") as f:
+                f.write(self._token)
+            wrote = True
+        except OSError as exc:
+            logger.debug("rank %d: no shared memory (%s)", self._rank, exc)
+        store.set(f"shm/token/{self._rank}", self._token if wrote else "")
+        for peer in range(self._size):
+            if peer == self._rank:
+                continue
+            token = store.get(f"shm/token/{peer}").decode()
+            try:
+                with open(os.path.join(self._directory, f"{self._prefix}-probe-{peer}")) as f:
+                    if token and f.read() == token:
+                        readable.add(peer)
+            except OSError:
+                pass
+        store.set(f"shm/sees/{self._rank}", ",".join(str(p) for p in sorted(readable)))
+        mutual = set()
+        for peer in readable:
+            seen_by_peer = store.get(f"shm/sees/{peer}").decode()
+            if str(self._rank) in seen_by_peer.split(","):
+                mutual.add(peer)
+        for peer in range(self._size):  # everyone has read every probe: remove ours
+            if peer != self._rank:
+                store.get(f"shm/sees/{peer}")
+        if wrote:
+            os.unlink(probe)
+        return frozenset(mutual)
+
+    # ------------------------------------------------------------------ sending
+    def begin_program(self, messages: list[tuple[int, int]]) -> None:
+        """Make each peer's arena hold every message of the coming program and start at offset 0.
+
+        Parameters
+        ----------
+        messages : list of (peer, size_bytes)
+            All sends of the program. Every peer must have finished reading the messages of the
+            previous program (see the module docstring).
+        """
+        needed: dict[int, int] = {}
+        for peer, nbytes in messages:
+            if peer in self.peers:
+                needed[peer] = needed.get(peer, 0) + _round_up(nbytes, _ALIGN_BYTES)
+        self._through_gloo = set()
+        for peer, nbytes in needed.items():
+            arena = self._outgoing.get(peer)
+            if arena is None or arena.size_bytes < nbytes:
+                try:
+                    self._replace(peer, nbytes)
+                except CollectiveError as exc:
+                    # e.g. a container's small /dev/shm: this program's data to the peer goes
+                    # through gloo, announced by a doorbell with generation -1
+                    logger.warning("rank %d: %s; sending to rank %d through gloo", self._rank, exc, peer)
+                    self._through_gloo.add(peer)
+        self._cursor = dict.fromkeys(self._outgoing, 0)
+
+    def _replace(self, peer: int, needed: int) -> None:
+        generation = self._generation.get(peer, -1) + 1
+        size = 1 << max(needed - 1, _ALIGN_BYTES).bit_length()
+        arena = _Arena(self._path(self._rank, peer, generation), size, create=True)
+        self._generation[peer] = generation
+        old = self._outgoing.get(peer)
+        if old is not None:
+            old.unlink()
+            old.close()
+        self._outgoing[peer] = arena
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        """Send ``tensors[0]`` (contiguous) to ``dst`` with ``tag``."""
+        if dst not in self.peers:
+            return self._inner.send(tensors, dst, tag)
+        data = tensors[0].reshape(-1).view(torch.uint8)
+        nbytes = data.numel()
+        if dst in self._through_gloo:
+            doorbell = torch.tensor([-1, 0, nbytes], dtype=torch.int64)
+            works = (self._inner.send([doorbell], dst, tag), self._inner.send([tensors[0]], dst, tag | GLOO_DATA_TAG_BIT))
+            return _SendWork(works, doorbell)
+        arena = self._outgoing.get(dst)
+        offset = self._cursor.get(dst, 0)
+        if arena is None or offset + nbytes > arena.size_bytes:
+            raise CollectiveError(f"rank {self._rank}: shared-memory arena for rank {dst} too small; begin_program was not called")
+        arena.tensor[offset : offset + nbytes].copy_(data)
+        self._cursor[dst] = offset + _round_up(nbytes, _ALIGN_BYTES)
+        doorbell = torch.tensor([self._generation[dst], offset, nbytes], dtype=torch.int64)
+        return _SendWork((self._inner.send([doorbell], dst, tag),), doorbell)
+
+    # ------------------------------------------------------------------ receiving
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        """Receive into ``tensors[0]`` (contiguous) from ``src`` with ``tag``."""
+        if src not in self.peers:
+            return self._inner.recv(tensors, src, tag)
+        doorbell = torch.empty(3, dtype=torch.int64)
+        work = self._inner.recv([doorbell], src, tag)
+        return _RecvWork(self, work, doorbell, tensors[0], src, tag, None)
+
+    def recv_apply(
+        self, target: torch.Tensor, src: int, tag: int, apply: Callable[[torch.Tensor, torch.Tensor], None]
+    ) -> Any | None:
+        """Receive from ``src`` and call ``apply(target, data)`` on the data where it lies in shared
+        memory (one pass instead of a copy and a reduction); None for peers without shared memory."""
+        if src not in self.peers:
+            return None
+        doorbell = torch.empty(3, dtype=torch.int64)
+        work = self._inner.recv([doorbell], src, tag)
+        return _RecvWork(self, work, doorbell, target, src, tag, apply)
+
+    def _deliver(
+        self,
+        doorbell: torch.Tensor,
+        target: torch.Tensor,
+        src: int,
+        tag: int,
+        apply: Callable[[torch.Tensor, torch.Tensor], None] | None,
+    ) -> None:
+        generation, offset, nbytes = (int(v) for v in doorbell.tolist())
+        expected = target.numel() * target.element_size()
+        if nbytes != expected:
+            raise CollectiveError(f"rank {self._rank}: rank {src} sent {nbytes} bytes, expected {expected}")
+        if generation < 0:  # the sender had no room in shared memory: the data follows via gloo
+            landing = target if apply is None else torch.empty_like(target)
+            self._inner.recv([landing], src, tag | GLOO_DATA_TAG_BIT).wait(self._timeout)
+            if apply is not None:
+                apply(target, landing)
+            return
+        current = self._incoming.get(src)
+        if current is None or current[0] != generation:
+            if current is not None:
+                current[1].close()
+            arena = _Arena(self._path(src, self._rank, generation), 0, create=False)
+            arena.unlink()  # both ends have it mapped: nothing left behind
+            self._incoming[src] = (generation, arena)
+        arena = self._incoming[src][1]
+        data = arena.tensor[offset : offset + nbytes]
+        if apply is None:
+            target.reshape(-1).view(torch.uint8).copy_(data)
+        else:
+            apply(target, data.view(target.dtype).view(target.shape))
+
+
+    def close(self) -> None:
+        """Unmap everything and remove the files this rank still owns."""
+        for arena in self._outgoing.values():
+            arena.unlink()
+            arena.close()
+        self._outgoing.clear()
+        for _, arena in self._incoming.values():
+            arena.close()
+        self._incoming.clear()

@@ -1,0 +1,67 @@
+"""The ``Work`` handle :class:`~topocoll.collectives.backend.TopoProcessGroup` returns.
+
+``torch.distributed`` hands the caller a ``Work`` for every collective; ``wait()`` must raise the
+failure of the operation. A work built with ``_create_work_from_future`` drops errors
+(``wait()`` returns True after a failure), so topocoll subclasses ``dist._Work`` and keeps the
+outcome itself. Operations run to completion before the handle is returned, so the handle is
+always complete; a failure is kept and raised, with its own type, by :meth:`TopoWork.wait`,
+and set on the future that :meth:`TopoWork.get_future` returns.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["TopoWork"]
+
+
+class TopoWork(dist._Work):
+    """A completed operation: its result tensors, or the exception that ended it.
+
+    Parameters
+    ----------
+    result : list of torch.Tensor
+        The tensors that hold the result (the value of :meth:`get_future`).
+    error : BaseException or None
+        The failure, raised by :meth:`wait`.
+    """
+
+    def __init__(self, result: list[torch.Tensor], error: BaseException | None = None) -> None:
+        super().__init__()
+        self._result = list(result)
+        self._error = error
+        self._future: torch.futures.Future = torch.futures.Future()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Return True, or raise the operation's exception."""
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        """Always True: the operation ran before the handle was made."""
+        return True
+
+    def is_success(self) -> bool:
+        """Whether the operation succeeded."""
+        return self._error is None
+
+    def get_future(self) -> torch.futures.Future:
+        """A completed future holding the result tensors, or the exception."""
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:
+        """The result tensors (raises the operation's exception when it failed)."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def synchronize(self) -> None:
+        """Nothing to do: the operation already completed."""
