@@ -108,8 +108,14 @@ def solve_packing(
     columns: Sequence[PackingColumn],
     solver: str = "highs",
     time_limit_s: float | None = None,
+    depths: Sequence[float] | None = None,
+    tau_limit: float | None = None,
 ) -> PackingSolution:
     """Solve the packing master problem (see the module docstring).
+
+    With ``depths`` and ``tau_limit`` it solves the second-stage problem instead: among the
+    packings with ``tau <= tau_limit``, the one with the least weighted tree depth
+    (``sum_k depths[k] * y_k``), i.e. the shallowest optimal packing, which pipelines best.
 
     Parameters
     ----------
@@ -120,6 +126,10 @@ def solve_packing(
     columns : sequence of PackingColumn
     solver : {"highs", "cbc"}
     time_limit_s : float, optional
+    depths : sequence of float, optional
+        Depth of each column's tree (second stage only).
+    tau_limit : float, optional
+        Largest ``tau`` allowed in the second stage.
 
     Returns
     -------
@@ -129,7 +139,11 @@ def solve_packing(
     problem = pulp.LpProblem("tree_packing", pulp.LpMinimize)
     tau = _variable(problem, "tau")
     weights = [_variable(problem, f"y{k}") for k in range(len(columns))]
-    problem += tau
+    if depths is not None and tau_limit is not None:
+        problem += pulp.LpAffineExpression([(v, float(d)) for v, d in zip(weights, depths)])
+        problem += pulp.LpConstraint(pulp.LpAffineExpression([(tau, 1.0)]), pulp.LpConstraintLE, "tau_limit", tau_limit)
+    else:
+        problem += tau
     by_group: list[list[pulp.LpVariable]] = [[] for _ in range(n_groups)]
     by_edge: dict[int, list[tuple[pulp.LpVariable, float]]] = {}
     for var, column in zip(weights, columns):

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: Rounds an unused tree stays in the master before it is dropped.
 _KEEP_UNUSED_ROUNDS = 3
+#: Relative bandwidth time the second stage may give up for shallower trees (0.01 %).
+_SHALLOW_SLACK = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,9 +396,10 @@ def pack_trees(
                 columns.append(made[0])
                 trees.append(made[1])
 
+    seeds = list(zip(columns, trees))
     iterations = 0
     optimal = False
-    best: tuple[lp.PackingSolution, list[Tree]] | None = None
+    best: tuple[lp.PackingSolution, list[Tree], list[lp.PackingColumn]] | None = None
     solver_used = solver
     age = [0] * len(columns)
     last_tau = math.inf
@@ -410,7 +413,7 @@ def pack_trees(
             continue
         if solution.status is not lp.LPStatus.OPTIMAL:
             break
-        best = (solution, list(trees))
+        best = (solution, list(trees), list(columns))
         time_per_unit = solution.tau / net.max_cap
         if target_time_per_unit_s > 0 and time_per_unit <= target_time_per_unit_s * (1 + gap):
             optimal = True
@@ -454,7 +457,29 @@ def pack_trees(
 
     if best is None:
         raise SolverError(f"tree packing LP failed ({solution.status.value})")
-    solution, trees = best
+    solution, trees, columns = best
+    # Second stage: the same busiest-link time (within _SHALLOW_SLACK), least tree depth.
+    # Deep chains and shallow stars often tie on bandwidth; shallow trees need fewer steps.
+    present = {(c.group, c.loads) for c in columns}
+    for column, tree in seeds:  # shallow seeds dropped while pricing get another chance
+        if (column.group, column.loads) not in present:
+            columns.append(column)
+            trees.append(tree)
+            present.add((column.group, column.loads))
+    if len(trees) > len(roots):
+        shallow = lp.solve_packing(
+            len(roots),
+            net.norm_cap,
+            columns,
+            solver=solution.solver,
+            time_limit_s=max(1.0, deadline - time.monotonic()),
+            depths=[t.height for t in trees],
+            tau_limit=solution.tau * (1 + _SHALLOW_SLACK),
+        )
+        if shallow.status is lp.LPStatus.OPTIMAL:
+            solution = lp.PackingSolution(
+                shallow.status, shallow.tau, shallow.weights, solution.group_duals, solution.edge_duals, shallow.solver
+            )
     chosen = _normalise(trees, solution.weights, roots, max_trees_per_root)
     return Packing(tuple(chosen), solution.tau / net.max_cap, optimal, iterations, solution.solver)
 
