@@ -192,8 +192,8 @@ def test_one_way_ring(n):
 
 
 def test_ring_with_an_idle_gpu_between_two_ranks():
-    # gpu1 is not a rank: gpu0 and gpu2 keep only their direct link (gpu0-gpu2 via gpu3 also
-    # runs through a non-rank in a 4-ring, so pick a 3-ring where gpu0-gpu2 is direct).
+    # In a 3-ring with gpu1 idle, gpu0 and gpu2 keep only their direct link: the way round
+    # through gpu1 is gone (an idle GPU does not forward).
     bw = 10e9
     topo = _ring(3, bw, duplex=True)
     bound = cut_bound(topo, Collective.ALLGATHER, ["gpu0", "gpu2"])

@@ -23,11 +23,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from topocoll.errors import TopologyError
+from topocoll.errors import SolverError, TopocollError
 from topocoll.solver.bound import cut_bound
 from topocoll.solver.packing import Packing, Tree, _Network, pack_trees
 from topocoll.solver.schedule import Collective
-from topocoll.errors import SolverError, TopocollError
 from topocoll.topo.model import Topology
 
 log = logging.getLogger(__name__)
@@ -72,19 +71,6 @@ def _host_shape(topology: Topology, host: str) -> tuple | None:
             if l.src in members and l.dst in members
         )
     )
-
-
-def _host_topology(topology: Topology, host: str) -> Topology | None:
-    """The nodes of ``host`` and the links among them; None when its ranks are not joined there."""
-    members = {n.id for n in topology.nodes if n.host_id == host}
-    try:
-        return Topology(
-            [n for n in topology.nodes if n.id in members],
-            [l for l in topology.links if l.src in members and l.dst in members],
-            name=f"{topology.name}[{host}]",
-        )
-    except TopologyError:
-        return None
 
 
 def _rename(tree: Tree, old: str, new: str) -> Tree:
