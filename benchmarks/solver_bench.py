@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FIXTURE_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "topologies"
+FIXTURE_DIR = REPO_ROOT / "tests" / "data" / "topologies"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SIZE_BYTES = 64 * 2**20
 COLLECTIVES = ("allgather", "reduce_scatter", "allreduce")

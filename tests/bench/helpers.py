@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.topo.fixtures import TOPOLOGY_DIR
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "topologies"
-"""Real topology files and nccl-tests outputs (kept beside the repository)."""
+FIXTURES = TOPOLOGY_DIR
+"""Real topology files and nccl-tests outputs."""
 
 BIN = Path(sys.executable).parent
 """The interpreter's scripts directory (mpirun, torchrun and topocoll-bench live there)."""

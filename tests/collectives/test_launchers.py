@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.topo.fixtures import TOPOLOGY_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("launched_rank.py")
-FIXTURES = REPO.parent / "shared" / "fixtures" / "topologies"
+FIXTURES = TOPOLOGY_DIR
 BIN = Path(sys.executable).parent
 
 

@@ -17,9 +17,9 @@ from topocoll.solver.verify import verify
 from topocoll.topo.io import load_topology
 from topocoll.topo.model import LinkKind
 from topocoll.topo.presets import PRESETS, build_preset
+from tests.topo.fixtures import TOPOLOGY_DIR
 
-#: The fixtures live next to the repository (``../shared/fixtures/topologies``).
-FIXTURE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "topologies"
+FIXTURE_DIR = TOPOLOGY_DIR
 MIB = 2**20
 SIZE_BYTES = 64 * MIB
 MIN_RATIO = 0.995

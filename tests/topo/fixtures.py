@@ -1,7 +1,7 @@
 """Locating the shared real topology files, and small read-only queries tests use on results.
 
-The files live in ``../shared/fixtures/topologies`` relative to the repository root; tests
-that need them skip cleanly when the directory is absent (e.g. a bare checkout).
+The files are kept in ``tests/data/topologies`` (copies of the public files each names in its
+first line), so every checkout runs the tests on them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from topocoll.topo.model import LinkKind, NodeKind, Topology
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TOPOLOGY_DIR = REPO_ROOT.parent / "shared" / "fixtures" / "topologies"
+TOPOLOGY_DIR = REPO_ROOT / "tests" / "data" / "topologies"
 GB = 1e9
 
 

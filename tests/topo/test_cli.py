@@ -13,9 +13,10 @@ import pytest
 from topocoll.cli import main
 from topocoll.topo.model import LinkKind, NodeKind, Topology
 from topocoll.topo.presets import PRESETS, dgx_h100
+from tests.topo.fixtures import TOPOLOGY_DIR
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "topologies"
+FIXTURES = TOPOLOGY_DIR
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -16,9 +16,10 @@ import pytest
 from topocoll.errors import TopologyError
 from topocoll.topo import presets
 from topocoll.topo.model import LinkKind, NodeKind, Topology
+from tests.topo.fixtures import TOPOLOGY_DIR
 
 GB = 1e9
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "topologies"
+FIXTURES = TOPOLOGY_DIR
 
 # name: (GPUs, NVLinks per GPU, NVLink bandwidth per GPU in both directions from the vendor's
 # whitepaper: V100 300 GB/s, A100 600 GB/s, H100 900 GB/s)

@@ -33,6 +33,10 @@ DEFAULT_PER_MESSAGE_OVERHEAD_S = 8.4e-6
 #: Pipeline depths tried for the synthesized trees.
 PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
 
+#: Above this many ranks every depth's layout holds up to millions of transfers: try every
+#: other depth (measured: 5 depths took 30-60 s of the planner's time at 256 ranks).
+MANY_RANKS = 64
+
 #: Above this many ranks only the unpipelined layout is tried, and baselines only for small
 #: messages (schedules grow as N^2 transfers per pipeline piece; building and verifying the
 #: alternatives would cost more than the synthesis).
@@ -180,7 +184,7 @@ def plan_collective(
     try:
         gather, scatter = pack_for(topology, collective, ranks, root, bound, options)
         lp_optimal = all(p.optimal for p in (gather, scatter) if p is not None)
-        depths = (1,) if large else PIPELINE_DEPTHS
+        depths = (1,) if large else PIPELINE_DEPTHS[::2] if len(ranks) > MANY_RANKS else PIPELINE_DEPTHS
         for depth in depths:
             name = "lp" if depth == 1 else f"lp-pipeline{depth}"
             consider(name, layout(collective, ranks, root, gather, scatter, depth, digest, name=name))
