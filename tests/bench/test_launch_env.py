@@ -38,3 +38,22 @@ def test_agree_without_mpi_keeps_the_local_verdict():
     launch = detect_launch({})
     assert agree(launch, None) is None
     assert agree(launch, "bad") == "bad"
+
+
+def test_share_cores_follows_torchrun(monkeypatch):
+    import torch
+
+    from topocoll.bench.launch import share_cores
+
+    before = torch.get_num_threads()
+    try:
+        # An explicit OMP_NUM_THREADS is the user's choice: leave it.
+        assert share_cores({"OMP_NUM_THREADS": "3", "LOCAL_WORLD_SIZE": "4"}) is None
+        # A lone rank keeps every core.
+        assert share_cores({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}) is None
+        monkeypatch.setattr("os.cpu_count", lambda: 8)
+        assert share_cores({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}) == 2
+        assert torch.get_num_threads() == 2
+        assert share_cores({"LOCAL_WORLD_SIZE": "16"}) == 1
+    finally:
+        torch.set_num_threads(before)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from topocoll.bench import metrics
-from topocoll.bench.launch import Launch, abort, agree, detect_launch, init_distributed, rank_from_environment
+from topocoll.bench.launch import Launch, abort, agree, detect_launch, init_distributed, rank_from_environment, share_cores
 from topocoll.bench.metrics import BenchArgumentError, CollectiveSpec, RedOp
 from topocoll.bench.sizes import parse_size, sweep
 from topocoll.errors import TopocollError, UsageError
@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         launch = detect_launch()
     except UsageError as exc:
         return _fail(env_rank, str(exc), 2)
+    share_cores()
     error: str | None = None
     config = setup = None
     try:

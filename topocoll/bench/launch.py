@@ -39,6 +39,29 @@ MPI_LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV
 
 LOOPBACK_ADDR = "127.0.0.1"
 
+#: How launchers tell a process how many ranks share its machine.
+LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+def share_cores(environ: Mapping[str, str] | None = None) -> int | None:
+    """Give this rank its share of the cores for torch's intra-op threads, as torchrun does.
+
+    Ranks on one machine that each start one thread per core fight over the cores (torch's
+    element-wise kernels then run many times slower). Unless ``OMP_NUM_THREADS`` is set, use
+    ``cores // local ranks`` threads (at least one). Returns the thread count set, or None.
+    """
+    env = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in env:
+        return None
+    local = _first_int(env, LOCAL_SIZE_VARIABLES)
+    if local is None or local < 2:
+        return None
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // local)
+    torch.set_num_threads(threads)
+    return threads
+
 
 class LaunchMethod(str, enum.Enum):
     """Who started the processes."""

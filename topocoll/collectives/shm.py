@@ -31,6 +31,8 @@ import logging
 import mmap
 import os
 import secrets
+import struct
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -52,6 +54,17 @@ tags count the messages of one pair in one program and stay far below it)."""
 
 _ALIGN_BYTES = 64
 """Messages start on cache-line boundaries inside an arena."""
+
+_SLOT_BYTES = 128
+"""One mailbox slot: sequence number, up to 14 header words, checksum."""
+
+_MAILBOX_BYTES = 2 * _SLOT_BYTES
+"""Two slots per mailbox (see :meth:`ShmTransport.exchange_header`)."""
+
+_POLL_MIN_S = 20e-6
+_POLL_MAX_S = 1e-3
+"""Polling a mailbox backs off from 20 us to 1 ms between looks, so that waiting ranks leave
+the cores to the ones still computing (this host runs more ranks than cores)."""
 
 
 class _Arena:
@@ -78,6 +91,14 @@ class _Arena:
         self.size_bytes = size_bytes
         self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
 
+    def write_words(self, offset: int, words: list[int]) -> None:
+        """Store little-endian int64 ``words`` at byte ``offset``."""
+        self._map[offset : offset + 8 * len(words)] = struct.pack(f"<{len(words)}q", *words)
+
+    def read_words(self, offset: int, count: int) -> list[int]:
+        """Load ``count`` little-endian int64 words from byte ``offset``."""
+        return list(struct.unpack_from(f"<{count}q", self._map, offset))
+
     def close(self) -> None:
         del self.tensor
         self._map.close()
@@ -87,6 +108,14 @@ class _Arena:
             os.unlink(self.path)
         except FileNotFoundError:
             pass  # the receiver already did
+
+
+def _checksum(seq: int, values: list[int]) -> int:
+    """A word that changes with every field of a mailbox slot (guards against torn reads)."""
+    total = seq * 0x9E3779B1
+    for index, value in enumerate(values):
+        total = (total * 31 + value + index) & 0x7FFFFFFFFFFFFFFF
+    return total
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -159,7 +188,14 @@ class ShmTransport:
         self._through_gloo: set[int] = set()
         self._token = secrets.token_hex(8)
         self._prefix = self._agree_prefix(store)
+        self._mailbox: _Arena | None = None
+        try:
+            self._mailbox = _Arena(self._mail_path(rank), _MAILBOX_BYTES, create=True)
+        except (OSError, CollectiveError) as exc:
+            logger.debug("rank %d: no shared-memory mailbox (%s)", rank, exc)
         self.peers = self._probe(store)
+        self._peer_mailboxes = self._map_mailboxes(store)
+        self._sequence = 0
 
     # ------------------------------------------------------------------ setup
     def _agree_prefix(self, store: Any) -> str:
@@ -170,6 +206,80 @@ class ShmTransport:
 
     def _path(self, src: int, dst: int, generation: int) -> str:
         return os.path.join(self._directory, f"{self._prefix}-{src}-{dst}-{generation}")
+
+    def _mail_path(self, rank: int) -> str:
+        return os.path.join(self._directory, f"{self._prefix}-mail-{rank}")
+
+    def _map_mailboxes(self, store: Any) -> dict[int, _Arena]:
+        """Map every peer's mailbox (all or none), then remove the files."""
+        mapped: dict[int, _Arena] = {}
+        everyone = self._mailbox is not None and len(self.peers) == self._size - 1
+        if everyone:
+            try:
+                for peer in self.peers:
+                    mapped[peer] = _Arena(self._mail_path(peer), _MAILBOX_BYTES, create=False)
+            except OSError as exc:
+                logger.debug("rank %d: cannot map a peer's mailbox (%s)", self._rank, exc)
+                everyone = False
+        store.set(f"shm/mail/{self._rank}", "1" if everyone else "0")
+        agreed = everyone
+        for peer in range(self._size):
+            if peer != self._rank and store.get(f"shm/mail/{peer}").decode() != "1":
+                agreed = False
+        if self._mailbox is not None:
+            self._mailbox.unlink()  # every peer has mapped it (or gave up): the name can go
+        if not agreed:
+            for arena in mapped.values():
+                arena.close()
+            return {}
+        return mapped
+
+    @property
+    def has_mailboxes(self) -> bool:
+        """Whether :meth:`exchange_header` works (every rank of the group shares memory)."""
+        return bool(self._peer_mailboxes) or (self._size == 1)
+
+    def exchange_header(self, values: list[int], timeout: timedelta) -> list[list[int]]:
+        """Every rank's ``values`` (same length on all), through the shared-memory mailboxes.
+
+        Each rank publishes its header for collective number ``k`` in slot ``k % 2`` of its
+        mailbox: the sequence number, the values and a checksum, so that a reader never accepts
+        a half-written slot whatever order the stores become visible in. Two slots suffice
+        because a rank publishes header ``k + 1`` only after it has read every peer's header
+        ``k``, so no peer is ever two headers ahead of a reader.
+
+        Raises
+        ------
+        CollectiveError
+            A peer did not publish its header within ``timeout``.
+        """
+        self._sequence += 1
+        seq = self._sequence
+        words = [seq, *values, _checksum(seq, values)]
+        slot = (seq % 2) * _SLOT_BYTES
+        assert self._mailbox is not None
+        self._mailbox.write_words(slot, words)
+        gathered: list[list[int] | None] = [None] * self._size
+        gathered[self._rank] = list(values)
+        deadline = time.monotonic() + timeout.total_seconds()
+        waiting = [p for p in range(self._size) if p != self._rank]
+        pause = _POLL_MIN_S
+        while waiting:
+            still = []
+            for peer in waiting:
+                got = self._peer_mailboxes[peer].read_words(slot, len(words))
+                if got[0] == seq and got[-1] == _checksum(seq, got[1:-1]):
+                    gathered[peer] = got[1:-1]
+                else:
+                    still.append(peer)
+            waiting = still
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise CollectiveError(f"rank {self._rank}: ranks {waiting} did not arrive within {timeout}")
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX_S)
+        return [g for g in gathered if g is not None]
 
     def _probe(self, store: Any) -> frozenset[int]:
         """The peers that can map this rank's files and whose files this rank can map."""
@@ -325,3 +435,9 @@ class ShmTransport:
         for _, arena in self._incoming.values():
             arena.close()
         self._incoming.clear()
+        for arena in self._peer_mailboxes.values():
+            arena.close()
+        self._peer_mailboxes = {}
+        if self._mailbox is not None:
+            self._mailbox.close()
+            self._mailbox = None
