@@ -115,3 +115,23 @@ def test_a_full_shared_memory_directory_falls_back_to_the_inner_transport(tmp_pa
     for t in transports:
         t.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_doorbell_that_never_rings_times_out(tmp_path):
+    from topocoll.errors import CollectiveError
+
+    transports = make_transports([tmp_path] * 2)
+    # Both ends agree from the program that rank 1's one message to rank 0 rings in shared memory.
+    transports[0].begin_program([], incoming=[1])
+    transports[1].begin_program([(0, 16)], incoming=[])
+    target = torch.empty(4, dtype=torch.float32)
+    work = transports[0].recv([target], 1, 1)
+    with pytest.raises(CollectiveError, match="no message 1 from rank 1"):
+        work.wait(timedelta(seconds=0.2))
+    # Once rank 1 sends, the same receive completes.
+    transports[1].send([torch.arange(4, dtype=torch.float32)], 0, 1).wait()
+    transports[0].recv([target], 1, 1).wait()
+    assert torch.equal(target, torch.arange(4, dtype=torch.float32))
+    for t in transports:
+        t.close()
+    assert list(tmp_path.iterdir()) == []

@@ -153,7 +153,10 @@ class Executor:
         if begin_program is not None:  # transports that stage data (shared memory) size it first
             size = buffer.element_size()
             try:
-                begin_program([(send.peer, send.numel * size) for step in program.steps for send in step.sends])
+                begin_program(
+                    [(send.peer, send.numel * size) for step in program.steps for send in step.sends],
+                    incoming=[recv.peer for step in program.steps for recv in step.recvs],
+                )
             except OSError as exc:
                 raise CollectiveError(f"rank {self._rank}: cannot stage {program.collective.value} data: {exc}") from exc
         grouped = buffer.device.type != "cpu"
