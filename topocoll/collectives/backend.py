@@ -5,14 +5,14 @@ whose allreduce, reduce-scatter, allgather, broadcast and reduce run topocoll sc
 synthesizes a schedule for the group's topology, shares it through the store, every rank lowers
 it and the executor moves the data with point-to-point messages of an inner backend (gloo for
 CPU tensors, NCCL for CUDA tensors); between CPU ranks of one host the data itself goes through
-shared memory, gloo carrying only small doorbells (:mod:`topocoll.collectives.shm`). Everything else (send/recv, all-to-all, gather, scatter,
+shared memory, announced through shared-memory mailboxes (:mod:`topocoll.collectives.shm`). Everything else (send/recv, all-to-all, gather, scatter,
 barrier) is handed to the inner backend.
 
 Before each scheduled collective the ranks exchange a small header (operation, element count,
-dtype, reduction, root, and whether the local arguments were valid) through the inner backend,
-so that inputs that differ across ranks raise :class:`~topocoll.errors.CollectiveError` on
-every rank instead of hanging or corrupting data. A peer that dies or never arrives makes the
-inner backend's messages fail or time out (the process-group timeout), which also raises
+dtype, reduction, root, and whether the local arguments were valid) through the shared-memory
+mailboxes, or the inner backend when some rank shares no memory with the others, so that inputs that differ across ranks raise :class:`~topocoll.errors.CollectiveError` on
+every rank instead of hanging or corrupting data. A peer that dies or never arrives leaves its
+mailbox or its inner-backend messages silent until the process-group timeout, which also raises
 ``CollectiveError``.
 
 Operations run to completion in the calling thread; the returned :class:`TopoWork` is complete

@@ -2,9 +2,12 @@
 
 Through gloo, a message between two processes of one host crosses loopback TCP: a copy into the
 kernel, a copy out, and a wake-up per socket buffer. Here the sender copies the data once into
-a shared-memory file it owns for that peer and sends a 24-byte *doorbell* (generation, offset,
-length) through the inner gloo group; the receiver copies the data out of the mapping, or
-reduces straight from it (:meth:`ShmTransport.recv_apply`).
+a shared-memory file it owns for that peer and rings a *doorbell* (generation, offset, length);
+the receiver copies the data out of the mapping, or reduces straight from it
+(:meth:`ShmTransport.recv_apply`). When every rank of the group shares memory, each rank also
+has a *mailbox*: a mapped page set where it publishes its doorbells and the per-collective
+argument header (:meth:`ShmTransport.exchange_header`) for the others to poll, so nothing goes
+through gloo at all; otherwise doorbells go through the inner gloo group.
 
 Each ordered pair (sender, receiver) has one file (an *arena*) that holds every message of one
 program to that peer at its own offset, so nothing is overwritten while a program runs.
