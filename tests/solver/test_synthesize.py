@@ -131,10 +131,12 @@ def test_pipeline_layout(pipeline):
     synthesis = synthesize(topo, Collective.ALLGATHER, ranks, options=SynthesisOptions(pipeline=pipeline))
     schedule = synthesis.schedule
     assert verify(schedule, topo).ok
-    # On a chain each root has one tree (the chain itself), height = farthest rank.
+    # On a chain each root has one tree (the chain itself), height = farthest rank. Every tree
+    # ends on the same last step: one of height h is cut into pipeline + (tallest - h) pieces.
     heights = [max(r, len(ranks) - 1 - r) for r in range(len(ranks))]
-    assert len(schedule.chunks) == len(ranks) * pipeline
-    assert len(schedule.steps) == max(heights) + pipeline - 1
+    tallest = max(heights)
+    assert len(schedule.chunks) == sum(pipeline + tallest - h for h in heights)
+    assert len(schedule.steps) == tallest + pipeline - 1
     assert all(t.op is Op.COPY for step in schedule.steps for t in step)
 
 

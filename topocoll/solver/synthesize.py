@@ -132,18 +132,24 @@ def _reverse_packing(packing: Packing) -> Packing:
     )
 
 
-def _segments(trees: Sequence[Tree], start: float, length: float, pipeline: int) -> list[tuple[float, float, Tree, int]]:
-    """Cut ``[start, start + length)`` by tree weight, then each part into ``pipeline`` pieces.
+def _segments(
+    trees: Sequence[Tree], start: float, length: float, pipeline: int, tallest: int
+) -> list[tuple[float, float, Tree, int]]:
+    """Cut ``[start, start + length)`` by tree weight, then each tree's part into pieces.
 
-    Returns ``(offset, end, tree, piece)`` in order; ends are computed from cumulative
-    fractions so that the pieces tile the range exactly.
+    A tree of height ``h`` gets ``pipeline + tallest - h`` pieces, so that every tree keeps its
+    links busy until the same last step: a shallow star spreads over the steps the deep trees
+    need anyway instead of crowding the first ones (steps run in lock step). Returns
+    ``(offset, end, tree, piece)`` in order; ends come from cumulative fractions so that the
+    pieces tile the range exactly.
     """
     pieces = []
     cumulative = 0.0
     for tree in trees:
-        for j in range(pipeline):
-            lo = cumulative + tree.weight * j / pipeline
-            hi = cumulative + tree.weight * (j + 1) / pipeline
+        count = pipeline + tallest - tree.height
+        for j in range(count):
+            lo = cumulative + tree.weight * j / count
+            hi = cumulative + tree.weight * (j + 1) / count
             pieces.append((lo, hi, tree, j))
         cumulative += tree.weight
     scale = length / cumulative
@@ -188,16 +194,20 @@ def layout(
     def trees_of(packing: Packing, r: int) -> list[Tree]:
         return [t for t in packing.trees if t.root == r]
 
+    tallest = max(t.height for p in (gather, scatter) if p is not None for t in p.trees)
+
     for r in roots:
         start, length = (0.0, 1.0) if collective.is_rooted else (r / n, 1.0 / n)
         if collective is Collective.ALLREDUCE:
             pieces = _refine(
-                _segments(trees_of(scatter, r), start, length, pipeline),
-                _segments(trees_of(gather, r), start, length, pipeline),
+                _segments(trees_of(scatter, r), start, length, pipeline, tallest),
+                _segments(trees_of(gather, r), start, length, pipeline, tallest),
             )
         else:
             packing = gather if gather is not None else scatter
-            pieces = [(lo, hi, (t, j), (t, j)) for lo, hi, t, j in _segments(trees_of(packing, r), start, length, pipeline)]
+            pieces = [
+                (lo, hi, (t, j), (t, j)) for lo, hi, t, j in _segments(trees_of(packing, r), start, length, pipeline, tallest)
+            ]
         for lo, hi, (down_tree, j), (up_tree, k) in pieces:
             chunk = Chunk(len(chunks), lo, hi - lo)
             chunks.append(chunk)
