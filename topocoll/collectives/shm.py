@@ -154,49 +154,26 @@ class _SendWork:
 
 
 class _RecvWork:
+    """A receive: wait for the doorbell (``ring(timeout)`` returns it), then take the data."""
+
     def __init__(
         self,
         transport: "ShmTransport",
-        work: Any,
-        doorbell: torch.Tensor,
+        ring: Callable[[timedelta | None], torch.Tensor],
         target: torch.Tensor,
         src: int,
         tag: int,
         apply: Callable[[torch.Tensor, torch.Tensor], None] | None,
     ) -> None:
         self._transport = transport
-        self._work = work
-        self._doorbell = doorbell
+        self._ring = ring
         self._target = target
         self._src = src
         self._tag = tag
         self._apply = apply
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        self._work.wait(timeout) if timeout is not None else self._work.wait()
-        self._transport._deliver(self._doorbell, self._target, self._src, self._tag, self._apply)
-        return True
-
-
-class _BellWork:
-    """A receive whose doorbell comes through the sender's shared-memory mailbox."""
-
-    def __init__(
-        self,
-        transport: "ShmTransport",
-        target: torch.Tensor,
-        src: int,
-        tag: int,
-        apply: Callable[[torch.Tensor, torch.Tensor], None] | None,
-    ) -> None:
-        self._transport = transport
-        self._target = target
-        self._src = src
-        self._tag = tag
-        self._apply = apply
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        doorbell = self._transport.wait_bell(self._src, self._tag, timeout)
+        doorbell = self._ring(timeout)
         self._transport._deliver(doorbell, self._target, self._src, self._tag, self._apply)
         return True
 
@@ -444,11 +421,7 @@ class ShmTransport:
         """Receive into ``tensors[0]`` (contiguous) from ``src`` with ``tag``."""
         if src not in self.peers:
             return self._inner.recv(tensors, src, tag)
-        if src in self._bells_from:
-            return _BellWork(self, tensors[0], src, tag, None)
-        doorbell = torch.empty(3, dtype=torch.int64)
-        work = self._inner.recv([doorbell], src, tag)
-        return _RecvWork(self, work, doorbell, tensors[0], src, tag, None)
+        return _RecvWork(self, self._doorbell_of(src, tag), tensors[0], src, tag, None)
 
     def recv_apply(
         self, target: torch.Tensor, src: int, tag: int, apply: Callable[[torch.Tensor, torch.Tensor], None]
@@ -457,11 +430,20 @@ class ShmTransport:
         memory (one pass instead of a copy and a reduction); None for peers without shared memory."""
         if src not in self.peers:
             return None
+        return _RecvWork(self, self._doorbell_of(src, tag), target, src, tag, apply)
+
+    def _doorbell_of(self, src: int, tag: int) -> Callable[[timedelta | None], torch.Tensor]:
+        """How to wait for the doorbell of message ``tag`` from ``src``: its mailbox or gloo."""
         if src in self._bells_from:
-            return _BellWork(self, target, src, tag, apply)
+            return lambda timeout: self.wait_bell(src, tag, timeout)
         doorbell = torch.empty(3, dtype=torch.int64)
-        work = self._inner.recv([doorbell], src, tag)
-        return _RecvWork(self, work, doorbell, target, src, tag, apply)
+        work = self._inner.recv([doorbell], src, tag)  # posted now, so gloo can match it early
+
+        def ring(timeout: timedelta | None) -> torch.Tensor:
+            work.wait(timeout) if timeout is not None else work.wait()
+            return doorbell
+
+        return ring
 
     def _bell_offset(self, dst: int, tag: int) -> int:
         return 2 * _SLOT_BYTES + (dst * _BELL_SLOTS + (tag - 1) % _BELL_SLOTS) * _BELL_BYTES
