@@ -25,7 +25,7 @@ import numpy as np
 
 from topocoll.errors import SolverError, TopocollError
 from topocoll.solver.bound import cut_bound
-from topocoll.solver.packing import Packing, Tree, _Network, pack_trees
+from topocoll.solver.packing import Packing, Tree, RankNetwork, pack_trees
 from topocoll.solver.schedule import Collective
 from topocoll.topo.model import Topology
 
@@ -195,7 +195,7 @@ def _host_subgraph(topology: Topology, host: str, rail_links: set[tuple[str, str
 
 def _rail_chains(topology: Topology, members: Sequence[str], reverse: bool) -> Packing:
     """For every member, the chain through the others in order (a ring rotated to start there)."""
-    net = _Network(topology, members, reverse)
+    net = RankNetwork(topology, members, reverse)
     cost, pred = net.routes(np.ones(len(net.cap)))
     n = len(members)
     trees = []

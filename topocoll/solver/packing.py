@@ -100,7 +100,7 @@ class Packing:
     solver: str
 
 
-class _Network:
+class RankNetwork:
     """Restricted topology as index arrays, with each rank split into an out- and in-copy."""
 
     def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool) -> None:
@@ -339,7 +339,7 @@ def pack_trees(
         Some rank cannot be reached from a root.
     """
     deadline = time.monotonic() + time_limit_s
-    net = _Network(topology, ranks, reverse)
+    net = RankNetwork(topology, ranks, reverse)
     n_ranks = len(ranks)
     roots = list(roots)
     group_of = {r: g for g, r in enumerate(roots)}
