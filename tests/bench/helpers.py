@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.topo.fixtures import TOPOLOGY_DIR
+from tests.topo.fixtures import TOPOLOGY_DIR, fixture_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = TOPOLOGY_DIR
@@ -23,12 +23,8 @@ LAUNCH_TIMEOUT_S = 300
 """Wall-clock limit of one multi-process launch (4 ranks importing torch on 2 cores: 10-30 s)."""
 
 
-def fixture(name: str) -> Path:
-    """A file of the shared fixtures; skips the test when the fixtures are not checked out."""
-    path = FIXTURES / name
-    if not path.is_file():
-        pytest.skip(f"fixture {name} not found next to the repository")
-    return path
+fixture = fixture_path
+"""A real topology or nccl-tests output file kept with the tests."""
 
 
 def tool(name: str) -> str:

@@ -238,7 +238,6 @@ def min_arborescence(cost: np.ndarray, root: int) -> np.ndarray | None:
         step = step[step]
     _, label = np.unique(np.where(in_cycle, low, n + np.arange(n)), return_inverse=True)
     label = label.reshape(-1)
-    m = int(label.max()) + 1
     # Entering a cycle at v replaces v's cycle arc: charge the difference.
     adjusted = cost - np.where(in_cycle, best, 0.0)[None, :]
     adjusted[label[:, None] == label[None, :]] = np.inf

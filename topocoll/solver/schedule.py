@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 

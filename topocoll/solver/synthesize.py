@@ -20,7 +20,6 @@ synthesized schedule at several pipeline depths and the baselines.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 

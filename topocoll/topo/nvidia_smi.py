@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -238,15 +239,7 @@ def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> Topology:
     pcie_lat = bandwidth.latency_s(LinkKind.PCIE)
     notes.append("PCIe generation and width are not in nvidia-smi output: Gen3 x16 assumed (NCCL's fallback)")
 
-    cpus = sorted(set(numa.values()))
-    for value in cpus:
-        builder.add_node(Node(f"cpu{value}", NodeKind.CPU, numa=value))
-    smp_bw = bandwidth.SMP_BW_BYTES_PER_S[bandwidth.SMP_DEFAULT_KEY]
-    for i, a in enumerate(cpus):
-        for b in cpus[i + 1:]:
-            builder.add_link(f"cpu{a}", f"cpu{b}", LinkKind.SMP, smp_bw, bandwidth.latency_s(LinkKind.SMP))
-    if len(cpus) > 1:
-        notes.append(f"CPU model unknown: inter-socket bandwidth assumed {smp_bw / bandwidth.GB:g} GB/s")
+    add_sockets(builder, numa.values(), notes)
     for device in matrix.devices:
         kind = NodeKind.GPU if device in gpus else NodeKind.NIC
         name = matrix.gpu_names.get(int(device[3:])) if kind is NodeKind.GPU else matrix.nic_names.get(device, device)
@@ -328,3 +321,21 @@ def _add_nvlinks(matrix, gpus, ids, builder, generation, notes) -> None:
             return
     for (a, b), count in counts.items():
         builder.add_link(ids[a], ids[b], LinkKind.NVLINK, count * per_link, latency, count)
+
+
+def add_sockets(builder: TopologyBuilder, numa_nodes: Iterable[int], notes: list[str]) -> list[int]:
+    """Add one ``cpu<numa>`` node per NUMA node, all pairs joined by SMP links.
+
+    Text formats do not name the CPU model, so the inter-socket bandwidth is the default one
+    of :mod:`topocoll.topo.bandwidth`, and a note says so. Returns the sorted NUMA ids.
+    """
+    cpus = sorted(set(numa_nodes))
+    for value in cpus:
+        builder.add_node(Node(f"cpu{value}", NodeKind.CPU, numa=value))
+    smp_bw = bandwidth.SMP_BW_BYTES_PER_S[bandwidth.SMP_DEFAULT_KEY]
+    for i, a in enumerate(cpus):
+        for b in cpus[i + 1 :]:
+            builder.add_link(f"cpu{a}", f"cpu{b}", LinkKind.SMP, smp_bw, bandwidth.latency_s(LinkKind.SMP))
+    if len(cpus) > 1:
+        notes.append(f"CPU model unknown: inter-socket bandwidth assumed {smp_bw / bandwidth.GB:g} GB/s")
+    return cpus

@@ -18,6 +18,7 @@ import re
 from topocoll.errors import FormatError, TopologyError
 from topocoll.topo import bandwidth
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
+from topocoll.topo.nvidia_smi import add_sockets
 
 _SECTIONS = {"weight": "Weight between", "hops": "Hops between", "type": "Link Type between", "numa": "Numa Nodes"}
 _NUMA_LINE = re.compile(r"^\s*GPU\[(\d+)\]\s*:\s*\(Topology\)\s*Numa Node\s*:\s*(-?\d+)", re.IGNORECASE)
@@ -96,15 +97,7 @@ def parse_rocm_smi(text: str, source: str = "<rocm-smi>") -> Topology:
             notes.append(f"{gpu}: NUMA node unknown, attached to NUMA node 0")
             value = 0
         numa_of[gpu] = value
-    cpus = sorted(set(numa_of.values())) or [0]
-    for value in cpus:
-        builder.add_node(Node(f"cpu{value}", NodeKind.CPU, numa=value))
-    smp_bw = bandwidth.SMP_BW_BYTES_PER_S[bandwidth.SMP_DEFAULT_KEY]
-    for i, a in enumerate(cpus):
-        for b in cpus[i + 1:]:
-            builder.add_link(f"cpu{a}", f"cpu{b}", LinkKind.SMP, smp_bw, bandwidth.latency_s(LinkKind.SMP))
-    if len(cpus) > 1:
-        notes.append(f"CPU model unknown: inter-socket bandwidth assumed {smp_bw / bandwidth.GB:g} GB/s")
+    add_sockets(builder, numa_of.values() or [0], notes)
     pcie_bw = bandwidth.pcie_bw_bytes_per_s(bandwidth.PCIE_DEFAULT_GENERATION, bandwidth.PCIE_DEFAULT_WIDTH)
     notes.append("PCIe generation and width are not in rocm-smi --showtopo output: Gen3 x16 assumed")
     for gpu in gpus:
