@@ -9,7 +9,6 @@ column, the cut-bound columns and the JSON numbers.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 

@@ -3,7 +3,6 @@ one-rank group (all in this process)."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest

@@ -4,7 +4,6 @@ algorithm; an LP failure falls back to a verified baseline with a warning."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 
