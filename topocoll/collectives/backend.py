@@ -26,8 +26,11 @@ The topology is read from the file named by the environment variable ``TOPOCOLL_
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,10 +41,18 @@ import torch
 import torch.distributed as dist
 
 from topocoll.collectives.executor import Executor, Reduction, check_reduction
-from topocoll.collectives.plans import DEFAULT_SEGMENT_BYTES, Planner, ScheduleSource, check_digests, default_planner
+from topocoll.collectives.failure import NO_RANK, AgreedError, FailedError, Failure, FailureKind, GroupBrokenError
+from topocoll.collectives.plans import (
+    DEFAULT_SEGMENT_BYTES,
+    Planner,
+    ScheduleSource,
+    announce_topology_error,
+    check_digests,
+    default_planner,
+)
 from topocoll.collectives.shm import ShmTransport
 from topocoll.collectives.work import TopoWork
-from topocoll.errors import CollectiveError
+from topocoll.errors import CollectiveError, TopocollError
 from topocoll.solver.schedule import Collective
 from topocoll.topo.model import Topology
 
@@ -86,7 +97,12 @@ _REDUCE_OPS: tuple[tuple[Any, Reduction, bool], ...] = (
 HEADER_TAG = 0
 """Message tag of the argument headers (schedule messages start at ``lower.FIRST_TAG``)."""
 
-_HEADER_FIELDS = ("operation", "element count", "dtype", "reduce op", "root", "argument error")
+_HEADER_FIELDS = ("operation", "element count", "dtype", "reduce op", "root", "tensor layout", "argument error")
+"""The words of an argument header after its collective number (the layout word is a hash of
+the tensors' shapes and dtypes for the operations that take several, else 0)."""
+
+FAILURE_KEY = "failure"
+"""Store key (in the group's own prefix) of the group's first failure, as JSON."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,17 +224,26 @@ class TopoProcessGroup(dist.ProcessGroup):
         ranks = tuple(global_ranks) if global_ranks else tuple(range(size))
         if len(ranks) != size:
             raise CollectiveError(f"rank {rank}: {len(ranks)} global ranks given for a group of {size}")
-        if topology is None:
-            world = dist.get_world_size() if dist.is_initialized() else size
-            topology = load_topology_for(max(world, max(ranks) + 1))
-        compute = topology.compute_nodes()
-        if max(ranks) >= len(compute):
-            raise CollectiveError(
-                f"rank {rank}: topology {topology.name or '(unnamed)'} has {len(compute)} compute nodes, "
-                f"global rank {max(ranks)} needs at least {max(ranks) + 1}"
-            )
         own_store = dist.PrefixStore("topocoll", store)
+        try:
+            if topology is None:
+                world = dist.get_world_size() if dist.is_initialized() else size
+                topology = load_topology_for(max(world, max(ranks) + 1))
+            compute = topology.compute_nodes()
+            if max(ranks) >= len(compute):
+                raise CollectiveError(
+                    f"rank {rank}: topology {topology.name or '(unnamed)'} has {len(compute)} compute nodes, "
+                    f"global rank {max(ranks)} needs at least {max(ranks) + 1}"
+                )
+        except TopocollError as exc:
+            announce_topology_error(own_store, rank, str(exc))  # so the other ranks say why
+            raise
         check_digests(own_store, rank, size, topology.digest())
+        self._store = own_store
+        self._sequence = 0
+        self._failure: Failure | None = None
+        self._operation = ""
+        self._closed = False
         self._topology = topology
         self._schedules = ScheduleSource(
             topology, tuple(compute[g] for g in ranks), rank, own_store, planner or default_planner, segment_bytes
@@ -260,8 +285,34 @@ class TopoProcessGroup(dist.ProcessGroup):
         """Topology node of each group rank."""
         return self._schedules.nodes
 
+    # ------------------------------------------------------------------ life cycle
+    def shutdown(self) -> None:
+        """Release everything the group holds: its inner groups (their threads and sockets) and
+        its shared memory. ``dist.destroy_process_group`` calls it; later calls on the group
+        raise. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shm is not None:
+            self._shm.close()
+        for inner in (self._cuda_sched, self._cuda_other):
+            if inner is not None:
+                try:
+                    inner.shutdown()
+                except RuntimeError as exc:  # a communicator that an error already tore down
+                    logger.debug("rank %d: NCCL shutdown: %s", self._group_rank, exc)
+        self._shm = self._cpu_sched = self._cpu_other = self._cuda_sched = self._cuda_other = None
+        self._cpu_executor = self._cuda_executor = None
+
+    def abort(self) -> None:
+        """Same as :meth:`shutdown`: operations run in the calling thread, so none is in flight
+        to cancel when another thread aborts."""
+        self.shutdown()
+
     # ------------------------------------------------------------------ plumbing
     def _executor(self, tensor: torch.Tensor) -> Executor:
+        if self._cpu_executor is None:
+            raise CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
         if tensor.device.type == "cpu":
             return self._cpu_executor
         if tensor.device.type == "cuda" and self._cuda_executor is not None:
@@ -269,62 +320,152 @@ class TopoProcessGroup(dist.ProcessGroup):
         raise CollectiveError(f"rank {self._group_rank}: tensors on {tensor.device} are not supported")
 
     def _other(self, tensors: Sequence[torch.Tensor]) -> Any:
+        if self._cpu_other is None:
+            raise CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
         if tensors and tensors[0].device.type == "cuda" and self._cuda_other is not None:
             return self._cuda_other
         return self._cpu_other
 
-    def _complete(self, result: list[torch.Tensor], body: Callable[[], None]) -> TopoWork:
-        try:
-            body()
-        except Exception as exc:  # the Work carries it to wait()
-            logger.debug("rank %d: collective failed: %s", self._group_rank, exc)
-            return TopoWork(result, exc)
+    def _complete(self, result: list[torch.Tensor], body: Callable[[], None], *, scheduled: bool = True) -> TopoWork:
+        """Run ``body`` now; the returned Work carries its outcome to ``wait()``.
+
+        A scheduled collective (one that exchanges an argument header) raises at once on a
+        broken or shut-down group, and a failure that may leave the ranks out of step breaks
+        the group (:mod:`topocoll.collectives.failure`).
+        """
+        error: BaseException | None = self._unusable() if scheduled else None
+        if error is None:
+            try:
+                body()
+            except AgreedError as exc:  # every rank raised it alike: the ranks are still in step
+                error = exc
+            except FailedError as exc:
+                error = self._break(exc.failure) if scheduled and exc.failure is not None else exc
+            except Exception as exc:  # the Work carries it to wait()
+                if not isinstance(exc, TopocollError):
+                    logger.error("rank %d: unexpected failure:\n%s", self._group_rank, "".join(traceback.format_exception(exc)))
+                if scheduled:
+                    error = self._break(Failure(self._sequence, self._group_rank, NO_RANK, FailureKind.ERROR, str(exc)))
+                else:
+                    error = exc
+        if error is not None:
+            logger.debug("rank %d: collective failed: %s", self._group_rank, error)
+            return TopoWork(result, error)
+        if scheduled and self._shm is not None:
+            self._shm.mark_done(self._sequence)
         return TopoWork(result)
 
-    def _agree(self, operation: str, numel: int, dtype: torch.dtype, reduce_code: int, root: int, local_error: str | None) -> None:
-        """Exchange headers; raise the same CollectiveError on every rank when they differ."""
+    # ------------------------------------------------------------------ failures
+    def _unusable(self) -> CollectiveError | None:
+        if self._closed:
+            return CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
+        if self._failure is not None:
+            return GroupBrokenError(
+                f"rank {self._group_rank}: the group is broken since {self._failure.describe()}; "
+                "destroy it (dist.destroy_process_group) and create a new one"
+            )
+        return None
+
+    def _break(self, failure: Failure) -> CollectiveError:
+        """Mark the group broken by ``failure`` (the first one only), tell the peers, and return
+        the error of the call that failed."""
+        if self._failure is None:
+            stored = self._stored_failure()
+            if not failure.detail and stored is not None and (stored.sequence, stored.origin) == (failure.sequence, failure.origin):
+                failure = stored  # the same failure, with its origin's own words
+            self._failure = failure
+            record = {"sequence": failure.sequence, "origin": failure.origin, "culprit": failure.culprit,
+                      "kind": int(failure.kind), "detail": failure.detail}
+            try:  # the store first: a peer that sees the mailbox record can then read the detail
+                self._store.compare_set(FAILURE_KEY, "", json.dumps(record))
+            except Exception as exc:  # the store may have died with its host rank
+                logger.debug("rank %d: cannot record the failure in the store: %s", self._group_rank, exc)
+            if self._shm is not None:
+                self._shm.post_failure(failure)
+            logger.warning("rank %d: %s", self._group_rank, failure.describe())
+        operation = self._operation or "collective"
+        return CollectiveError(f"rank {self._group_rank}: {operation}: {failure.describe()}")
+
+    def _stored_failure(self) -> Failure | None:
+        """The group's first failure as recorded in the store, if any rank recorded one."""
+        try:
+            if not self._store.check([FAILURE_KEY]):
+                return None
+            record = json.loads(self._store.get(FAILURE_KEY))
+            return Failure(record["sequence"], record["origin"], record["culprit"], FailureKind(record["kind"]), record["detail"])
+        except Exception as exc:  # a dead store, or a record of another version: no extra detail
+            logger.debug("rank %d: cannot read the failure record: %s", self._group_rank, exc)
+            return None
+
+    # ------------------------------------------------------------------ argument headers
+    def _agree(
+        self,
+        operation: str,
+        numel: int,
+        dtype: torch.dtype,
+        reduce_code: int,
+        root: int,
+        local_error: str | None,
+        layout: int = 0,
+    ) -> None:
+        """Exchange headers for the group's next collective; raise the same AgreedError on every
+        rank when they differ, FailedError when a peer does not answer."""
+        self._sequence += 1
+        self._operation = operation
         dtype_code = _DTYPES.index(dtype) if dtype in _DTYPES else -1
-        op_code = _OPERATIONS.index(operation)
-        header = torch.tensor([op_code, numel, dtype_code, reduce_code, root, 1 if local_error else 0], dtype=torch.int64)
-        # One round of direct messages (tag 0 is kept free by lowering): cheaper than gloo's
-        # ring allgather, whose n - 1 sequential hops dominate small collectives.
+        values = [_OPERATIONS.index(operation), numel, dtype_code, reduce_code, root, layout, 1 if local_error else 0]
         if self._shm is not None and self._shm.has_mailboxes:
             # Every rank shares memory: the headers go through mailboxes, microseconds
             # instead of a round of gloo messages.
-            try:
-                rows = [tuple(r) for r in self._shm.exchange_header([int(v) for v in header.tolist()], self._timeout)]
-            except CollectiveError as exc:
-                raise CollectiveError(f"rank {self._group_rank}: {operation}: peers did not answer: {exc}") from exc
+            rows = self._shm.exchange_header(self._sequence, values, self._timeout)
         else:
-            gathered = [header if r == self._group_rank else torch.empty_like(header) for r in range(self._group_size)]
-            peers = [r for r in range(self._group_size) if r != self._group_rank]
-            try:
-                works = [self._cpu_sched.recv([gathered[r]], r, HEADER_TAG) for r in peers]
-                works += [self._cpu_sched.send([header], r, HEADER_TAG) for r in peers]
-                for work in works:
-                    work.wait(self._timeout)
-            except RuntimeError as exc:
-                raise CollectiveError(f"rank {self._group_rank}: {operation}: peers did not answer: {exc}") from exc
-            rows = [tuple(int(v) for v in g.tolist()) for g in gathered]
+            stored = self._stored_failure()  # a peer's failure we would otherwise wait out
+            if stored is not None:
+                raise FailedError(stored.describe(), stored)
+            rows = self._exchange_header_gloo(values)
         if local_error:
-            raise CollectiveError(f"rank {self._group_rank}: {operation}: {local_error}")
-        bad = [r for r, row in enumerate(rows) if row[5]]
+            raise AgreedError(f"rank {self._group_rank}: {operation}: {local_error}")
+        bad = [r for r, row in enumerate(rows) if row[-1]]
         if bad:
-            raise CollectiveError(f"rank {self._group_rank}: {operation}: invalid arguments on rank(s) {bad}")
-        for field_index, name in enumerate(_HEADER_FIELDS[:5]):
-            values = [row[field_index] for row in rows]
-            if len(set(values)) > 1:
-                shown = ", ".join(f"rank {r}: {_describe(field_index, v)}" for r, v in enumerate(values))
-                raise CollectiveError(
-                    f"rank {self._group_rank}: {operation}: {name} differs across ranks ({shown})"
-                )
+            raise AgreedError(f"rank {self._group_rank}: {operation}: invalid arguments on rank(s) {bad}")
+        for field_index, name in enumerate(_HEADER_FIELDS[:-1]):
+            values_seen = [row[field_index] for row in rows]
+            if len(set(values_seen)) > 1:
+                shown = ", ".join(f"rank {r}: {_describe(field_index, v)}" for r, v in enumerate(values_seen))
+                raise AgreedError(f"rank {self._group_rank}: {operation}: {name} differs across ranks ({shown})")
+
+    def _exchange_header_gloo(self, values: list[int]) -> list[list[int]]:
+        """One round of direct messages through the inner group (tag 0 is kept free by
+        lowering): cheaper than gloo's ring allgather, whose n - 1 sequential hops dominate
+        small collectives. Each header starts with the collective's number."""
+        sequence = self._sequence
+        header = torch.tensor([sequence, *values], dtype=torch.int64)
+        gathered = [header if r == self._group_rank else torch.empty_like(header) for r in range(self._group_size)]
+        peers = [r for r in range(self._group_size) if r != self._group_rank]
+        receiving = {r: self._cpu_sched.recv([gathered[r]], r, HEADER_TAG) for r in peers}
+        sending = [self._cpu_sched.send([header], r, HEADER_TAG) for r in peers]
+        for peer, work in receiving.items():
+            try:
+                work.wait(self._timeout)
+            except RuntimeError as exc:
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                failure = Failure(sequence, self._group_rank, peer, FailureKind.ABSENT, f"no header from rank {peer}: {reason}")
+                raise FailedError(failure.describe(), failure) from None
+        for work in sending:
+            work.wait(self._timeout)
+        rows = [[int(v) for v in g.tolist()] for g in gathered]
+        elsewhere = [(r, row[0]) for r, row in enumerate(rows) if row[0] != sequence]
+        if elsewhere:
+            shown = ", ".join(f"rank {r} is at #{k}" for r, k in elsewhere)
+            raise CollectiveError(f"the ranks are out of step: this rank is at collective #{sequence}, {shown}")
+        return [row[1:] for row in rows]
 
     def _run(self, collective: Collective, buffer: torch.Tensor, reduce: _Reduce | None, root: int | None) -> None:
         if buffer.numel() == 0 or self._group_size == 1:
             return  # nothing to move (a group of one holds every result already)
         size_bytes = buffer.numel() * buffer.element_size()
         program = self._schedules.program(collective, root, buffer.numel(), size_bytes)
-        self._executor(buffer).run(program, buffer, reduce.reduction if reduce else None)
+        self._executor(buffer).run(program, buffer, reduce.reduction if reduce else None, sequence=self._sequence)
 
     def _validate(self, tensors: Sequence[torch.Tensor], *, reduce: _Reduce | None = None) -> str | None:
         """A description of what is wrong with the local arguments, or None."""
@@ -347,12 +488,12 @@ class TopoProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         return self._complete(tensors, lambda: self._allreduce(tensors, opts.reduceOp, "allreduce"))
 
-    def _allreduce(self, tensors: list[torch.Tensor], op: Any, operation: str) -> None:
+    def _allreduce(self, tensors: list[torch.Tensor], op: Any, operation: str, layout: int = 0) -> None:
         reduce, error = _reduce_or_error(op)
         if error is None:
             error = self._validate(tensors, reduce=reduce)
         tensor = tensors[0] if len(tensors) == 1 else torch.empty(0)
-        self._agree(operation, tensor.numel(), tensor.dtype, reduce.code if reduce else -1, 0, error)
+        self._agree(operation, tensor.numel(), tensor.dtype, reduce.code if reduce else -1, 0, error, layout)
         reduce = reduce or _parse_reduce_op(op)  # _agree raised already when op is invalid
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         flat = work.view(-1)
@@ -377,7 +518,7 @@ class TopoProcessGroup(dist.ProcessGroup):
             reduce, _ = _reduce_or_error(op)
             self._agree("allreduce_coalesced", 0, torch.float32, reduce.code if reduce else -1, 0, error)
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        self._allreduce([flat], op, "allreduce_coalesced")
+        self._allreduce([flat], op, "allreduce_coalesced", _layout(tensors))
         offset = 0
         for t in tensors:
             t.copy_(flat[offset : offset + t.numel()].view(t.shape))
@@ -456,9 +597,38 @@ class TopoProcessGroup(dist.ProcessGroup):
         return buffer
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None) -> TopoWork:
-        """One :meth:`allgather` per input tensor."""
+        """Gather every rank's ``input_list`` into ``output_lists[rank]`` (torch's layout: one
+        list per rank, one tensor per input), with one schedule run over all of them."""
         results = [t for outputs in output_lists for t in outputs]
-        return self._complete(results, lambda: [self._allgather_list([o], [i]) for o, i in zip(output_lists, input_list)])
+        return self._complete(results, lambda: self._allgather_coalesced(output_lists, input_list))
+
+    def _allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor]) -> None:
+        error = self._coalesced_error(input_list)
+        if error is None and len(output_lists) != self._group_size:
+            error = f"expected {self._group_size} output lists (one per rank), got {len(output_lists)}"
+        for r, outputs in enumerate(output_lists if error is None else []):
+            if len(outputs) != len(input_list):
+                error = f"output list {r} has {len(outputs)} tensors, expected {len(input_list)} (one per input)"
+            else:
+                error = next(filter(None, (_same_numel_error([o], i) for o, i in zip(outputs, input_list))), None)
+            if error is not None:
+                break
+        raw = [_raw_bytes(t) for t in input_list] if error is None else []
+        size_bytes = sum(b.numel() for b in raw)
+        self._agree("allgather_coalesced", size_bytes, torch.uint8, -1, 0, error, _layout(input_list))
+        buffer = torch.empty(size_bytes * self._group_size, dtype=torch.uint8, device=input_list[0].device)
+        torch.cat(raw, out=buffer[self._group_rank * size_bytes : (self._group_rank + 1) * size_bytes])
+        self._run(Collective.ALLGATHER, buffer, None, None)
+        for r, outputs in enumerate(output_lists):
+            _copy_bytes_into(buffer[r * size_bytes : (r + 1) * size_bytes], outputs)
+
+    def _coalesced_error(self, tensors: Sequence[torch.Tensor]) -> str | None:
+        """What is wrong with a list of inputs of a coalesced operation (one device), or None."""
+        if not tensors:
+            return "no tensors given"
+        if len({t.device for t in tensors}) != 1:
+            return "all tensors must be on one device"
+        return next(filter(None, (self._validate([t]) for t in tensors)), None)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> TopoWork:
         """One all-gather-into-tensor per pair."""
@@ -517,6 +687,9 @@ class TopoProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ handed to the inner backend
     def barrier(self, opts: Any = None) -> Any:
         """Barrier of the inner backend (after every earlier scheduled collective completed)."""
+        unusable = self._unusable()
+        if unusable is not None:
+            return TopoWork([], unusable)
         options = dist.BarrierOptions()
         options.timeout = self._timeout
         return self._cpu_sched.barrier(options)
@@ -614,6 +787,7 @@ _OPERATIONS = (
     "allgather_into_tensor",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "allgather_coalesced",
 )
 """Header codes of the scheduled operations (their index)."""
 
@@ -623,6 +797,8 @@ def _describe(field_index: int, value: int) -> str:
         return _OPERATIONS[value]
     if field_index == 2:
         return str(_DTYPES[value]).removeprefix("torch.") if 0 <= value < len(_DTYPES) else "unsupported dtype"
+    if field_index == 5:
+        return f"{value:016x}"
     if field_index == 3:
         return str(_REDUCE_OPS[value][0]).rsplit(".", 1)[-1] if 0 <= value < len(_REDUCE_OPS) else "none"
     return str(value)
@@ -656,6 +832,30 @@ def _base_shape_error(large: torch.Tensor, small: torch.Tensor, size: int) -> st
     if large.dtype != small.dtype or large.device != small.device:
         return f"dtype/device differ: {large.dtype} on {large.device} vs {small.dtype} on {small.device}"
     return None
+
+
+def _layout(tensors: Sequence[torch.Tensor]) -> int:
+    """A 63-bit digest of the shapes and dtypes of ``tensors``: the header word that makes
+    coalesced operations whose tensors differ across ranks fail alike on every rank."""
+    text = ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``tensor`` as a flat uint8 tensor (a view when it is contiguous)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _copy_bytes_into(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
+    """Fill ``outputs`` in order from the raw bytes ``flat`` (each with its own dtype)."""
+    offset = 0
+    for out in outputs:
+        nbytes = out.numel() * out.element_size()
+        landing = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        landing.reshape(-1).view(torch.uint8).copy_(flat[offset : offset + nbytes])
+        if landing is not out:
+            out.copy_(landing)
+        offset += nbytes
 
 
 def _scatter_copy(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:

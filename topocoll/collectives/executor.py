@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from topocoll.collectives.failure import NO_RANK, Failure, FailedError, FailureKind
 from topocoll.collectives.lower import ProgramStep, RankProgram, Recv
 from topocoll.errors import CollectiveError
 from topocoll.solver.schedule import Op
@@ -113,6 +114,7 @@ class Executor:
         self._rank = rank
         self._timeout = timeout
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._sequence = 0  # of the program running (for failures)
 
     def scratch(self, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
         """A reusable flat scratch tensor of at least ``numel`` elements."""
@@ -123,7 +125,7 @@ class Executor:
             self._scratch[key] = buffer
         return buffer
 
-    def run(self, program: RankProgram, buffer: torch.Tensor, reduction: Reduction | None) -> None:
+    def run(self, program: RankProgram, buffer: torch.Tensor, reduction: Reduction | None, sequence: int | None = None) -> None:
         """Run ``program`` on ``buffer`` in place.
 
         Parameters
@@ -134,12 +136,18 @@ class Executor:
             Flat, contiguous, ``program.count`` elements.
         reduction : Reduction or None
             How ``REDUCE`` receives combine; None for collectives that only copy.
+        sequence : int, optional
+            The group's number of this collective: a staging transport stamps it on every
+            message and accepts only messages of the same collective (without it, the
+            transport counts programs itself); it also names the collective in failures.
 
         Raises
         ------
+        FailedError
+            A message failed or timed out (the failure blames the peer; the message names the
+            step).
         CollectiveError
-            A message failed or timed out (the message names the step and peer), or the program
-            reduces but no reduction was given.
+            The program reduces but no reduction was given.
         """
         if buffer.dim() != 1 or not buffer.is_contiguous() or buffer.numel() != program.count:
             raise CollectiveError(
@@ -156,10 +164,12 @@ class Executor:
                 begin_program(
                     [(send.peer, send.numel * size) for step in program.steps for send in step.sends],
                     incoming=[recv.peer for step in program.steps for recv in step.recvs],
+                    **({} if sequence is None else {"sequence": sequence}),
                 )
             except OSError as exc:
                 raise CollectiveError(f"rank {self._rank}: cannot stage {program.collective.value} data: {exc}") from exc
         grouped = buffer.device.type != "cpu"
+        self._sequence = sequence or 0
         for index, step in enumerate(program.steps):
             if grouped:
                 self._run_step_grouped(index, step, buffer, scratch, reduction)
@@ -194,7 +204,7 @@ class Executor:
             ]
             deferred = []
             for recv, landing, work in receiving:
-                self._wait(work, f"receive from rank {recv.peer}", index)
+                self._wait(work, f"receive from rank {recv.peer}", index, recv.peer)
                 if landing is None:
                     continue  # applied by the transport
                 if recv.after_step:
@@ -204,7 +214,7 @@ class Executor:
                     # later messages are still arriving
                     self._apply(recv, landing, buffer, reduction)
             for send, work in sending:
-                self._wait(work, f"send to rank {send.peer}", index)
+                self._wait(work, f"send to rank {send.peer}", index, send.peer)
         except RuntimeError as exc:
             if isinstance(exc, CollectiveError):
                 raise
@@ -226,7 +236,7 @@ class Executor:
             for send in step.sends:
                 self._transport.send([buffer[send.start : send.stop]], send.peer, send.tag)
             work = self._transport._end_coalescing(device)
-            self._wait(work, "grouped messages", index)
+            self._wait(work, "grouped messages", index, None)
         except RuntimeError as exc:
             if isinstance(exc, CollectiveError):
                 raise
@@ -253,8 +263,16 @@ class Executor:
         else:
             combine(reduction, target, landing)
 
-    def _wait(self, work: Any, what: str, step: int) -> None:
+    def _wait(self, work: Any, what: str, step: int, peer: int | None) -> None:
         try:
             work.wait(self._timeout)
+        except CollectiveError:
+            raise  # the transport's own, naming the peer already
         except RuntimeError as exc:
-            raise CollectiveError(f"rank {self._rank}: step {step}: {what} failed: {exc}") from exc
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            detail = f"step {step}: {what} failed: {reason}"
+            if peer is None:
+                failure = Failure(self._sequence, self._rank, NO_RANK, FailureKind.ERROR, detail)
+            else:
+                failure = Failure(self._sequence, self._rank, peer, FailureKind.SILENT, detail)
+            raise FailedError(f"rank {self._rank}: {failure.describe()}", failure) from None

@@ -4,7 +4,10 @@ Rank 0 of the group synthesizes a schedule (through a planner, by default
 :func:`topocoll.solver.plan`) the first time a (collective, root, size bucket) is needed and
 publishes its JSON through the group's store; the other ranks read it from there. Every rank
 checks that the schedule was made for its own topology (digest) and its own rank-to-node map,
-then lowers it for its rank. Schedules are cached per (collective, root, size bucket) and
+then verifies it symbolically (:func:`topocoll.solver.verify.verify`: it implements its
+collective on this topology) before lowering it for its rank, whatever made it: the default
+planner, a planner passed by the user, or the store. Verification runs once per distinct
+schedule (its JSON digest), not per call. Schedules are cached per (collective, root, size bucket) and
 programs per (collective, root, size bucket, element count). The topology of the group is fixed
 when the group is created, so the topology digest is part of every cache key implicitly (and of
 the store key explicitly).
@@ -12,18 +15,20 @@ the store key explicitly).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from topocoll.collectives.failure import AgreedError
 from topocoll.collectives.lower import RankProgram, lower
 from topocoll.errors import CollectiveError, TopocollError
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.topo.model import Topology
 
-__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "check_digests"]
+__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "check_digests", "announce_topology_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +81,35 @@ def _as_text(value: Any) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+_TOPOLOGY_ERROR = "error:"
+"""Prefix of what a rank publishes instead of a digest when it could not load its topology."""
+
+
+def announce_topology_error(store: Any, rank: int, message: str, key: str = "topology_digest") -> None:
+    """Publish, where the digest would go, that this rank could not load its topology, so that
+    the other ranks' :func:`check_digests` names the rank and its reason instead of waiting for
+    the store to time out."""
+    try:
+        store.set(f"{key}/{rank}", _TOPOLOGY_ERROR + message)
+    except RuntimeError as exc:  # the store itself is gone: the caller raises its own error anyway
+        logger.debug("rank %d: cannot announce the topology error: %s", rank, exc)
+
+
 def check_digests(store: Any, rank: int, size: int, digest: str, key: str = "topology_digest") -> None:
     """Publish this rank's topology digest and compare it with every other rank's.
 
     Raises
     ------
     CollectiveError
-        On every rank, when any two ranks loaded different topologies.
+        On every rank, when any two ranks loaded different topologies, or a rank could not load
+        its topology (:func:`announce_topology_error`).
     """
     store.set(f"{key}/{rank}", digest)
     digests = {r: _as_text(store.get(f"{key}/{r}")) for r in range(size)}
+    failed = sorted(r for r, d in digests.items() if d.startswith(_TOPOLOGY_ERROR))
+    if failed:
+        reason = digests[failed[0]][len(_TOPOLOGY_ERROR) :]
+        raise CollectiveError(f"rank {rank}: rank {failed[0]} could not load its topology: {reason}")
     differing = sorted(r for r, d in digests.items() if d != digests[0])
     if differing:
         raise CollectiveError(
@@ -132,6 +156,7 @@ class ScheduleSource:
         self._store = store
         self._planner = planner
         self._schedules: dict[tuple[Collective, int | None, int], Schedule] = {}
+        self._verified: set[str] = set()  # JSON digests of the schedules that passed verification
         self._programs: OrderedDict[tuple[Collective, int | None, int, int, int], RankProgram] = OrderedDict()
 
     @property
@@ -171,37 +196,55 @@ class ScheduleSource:
             return cached
         store_key = f"schedule/{self._digest}/{collective.value}/{root}/{bucket}"
         if self._rank == 0:
-            schedule = self._plan_and_publish(store_key, collective, root, bucket)
+            schedule, text = self._plan_and_publish(store_key, collective, root, bucket)
         else:
-            schedule = self._fetch(store_key)
-        self._check(schedule, collective, root)
+            schedule, text = self._fetch(store_key)
+            self._check(schedule, text, collective, root)
         self._schedules[key] = schedule
         return schedule
 
-    def _plan_and_publish(self, store_key: str, collective: Collective, root: int | None, bucket: int) -> Schedule:
+    def _plan_and_publish(self, store_key: str, collective: Collective, root: int | None, bucket: int) -> tuple[Schedule, str]:
+        """Plan, check and verify on rank 0, then publish the schedule or the reason there is none
+        (so every rank raises the same error at the same collective)."""
         try:
             schedule = self._planner(self._topology, collective, self._nodes, root, bucket)
+            text = json.dumps({"schedule": schedule.to_json_dict()})
+            self._check(schedule, text, collective, root)
         except TopocollError as exc:
             self._store.set(store_key, json.dumps({"error": str(exc)}))
-            raise CollectiveError(f"rank 0: no {collective.value} schedule for ranks {list(self._nodes)}: {exc}") from exc
+            raise AgreedError(f"rank 0: no {collective.value} schedule for ranks {list(self._nodes)}: {exc}") from None
         except Exception as exc:
             self._store.set(store_key, json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
             raise
         logger.debug("rank 0 planned %s (%s) for %d bytes: %d steps", collective.value, schedule.name, bucket, len(schedule.steps))
-        self._store.set(store_key, json.dumps({"schedule": schedule.to_json_dict()}))
-        return schedule
+        self._store.set(store_key, text)
+        return schedule, text
 
-    def _fetch(self, store_key: str) -> Schedule:
+    def _fetch(self, store_key: str) -> tuple[Schedule, str]:
         try:
-            payload = json.loads(_as_text(self._store.get(store_key)))
+            text = _as_text(self._store.get(store_key))
         except RuntimeError as exc:
             raise CollectiveError(f"rank {self._rank}: rank 0 never published schedule {store_key}: {exc}") from exc
-        if "error" in payload:
-            raise CollectiveError(f"rank {self._rank}: rank 0 could not make a schedule: {payload['error']}")
-        return Schedule.from_json_dict(payload["schedule"], source=f"schedule from rank 0 ({store_key})")
+        source = f"schedule from rank 0 ({store_key})"
+        try:
+            payload = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise CollectiveError(f"rank {self._rank}: {source} is not JSON: {exc}") from None
+        if isinstance(payload, dict) and "error" in payload:
+            raise AgreedError(f"rank {self._rank}: rank 0 could not make a schedule: {payload['error']}")
+        if not isinstance(payload, dict) or "schedule" not in payload:
+            raise CollectiveError(f"rank {self._rank}: {source} holds neither a schedule nor an error")
+        try:
+            return Schedule.from_json_dict(payload["schedule"], source=source), text
+        except TopocollError as exc:
+            raise CollectiveError(f"rank {self._rank}: {exc}") from None
 
-    def _check(self, schedule: Schedule, collective: Collective, root: int | None) -> None:
-        if schedule.topology_digest and schedule.topology_digest != self._digest:
+    def _check(self, schedule: Schedule, text: str, collective: Collective, root: int | None) -> None:
+        """Refuse a schedule that is not for this group and collective, or that does not verify
+        (``text`` is its JSON, whose digest remembers that it verified)."""
+        if not schedule.topology_digest:
+            raise CollectiveError(f"rank {self._rank}: the {collective.value} schedule has no topology digest")
+        if schedule.topology_digest != self._digest:
             raise CollectiveError(
                 f"rank {self._rank}: schedule was made for topology {schedule.topology_digest[:19]}..., "
                 f"this rank has {self._digest[:19]}..."
@@ -213,4 +256,10 @@ class ScheduleSource:
             )
         if collective.is_rooted and schedule.root != root:
             raise CollectiveError(f"rank {self._rank}: schedule has root {schedule.root}, needed {root}")
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest not in self._verified:
+            from topocoll.solver.verify import verify
+
+            verify(schedule, self._topology).raise_if_failed(f"rank {self._rank}: the {collective.value} schedule {schedule.name!r}")
+            self._verified.add(digest)
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from topocoll.collectives.failure import Failure, FailedError, FailureKind
 from topocoll.errors import CollectiveError
 
 __all__ = ["ShmTransport", "SHM_DIRECTORY"]
@@ -62,6 +63,23 @@ _ALIGN_BYTES = 64
 _SLOT_BYTES = 128
 """One mailbox slot: sequence number, up to 14 header words, checksum."""
 
+_STATUS_FAILURE_WORD = 0
+"""The status slot (the first of a mailbox) starts with the rank's failure record: collective
+number (0 while healthy), origin, culprit, kind, checksum (:meth:`ShmTransport.post_failure`)."""
+
+_STATUS_HEARTBEAT_WORD = 8
+"""A counter the rank bumps at every look while it waits for a peer: a waiting rank's counter
+moves, a dead or busy one's does not (:meth:`ShmTransport.silent_peers`)."""
+
+_STATUS_DONE_WORD = 9
+"""The number of the last collective the rank completed."""
+
+_HEADER_SLOTS_AT = _SLOT_BYTES
+"""Byte offset of the two header slots (after the status slot)."""
+
+_BELLS_AT = 3 * _SLOT_BYTES
+"""Byte offset of the doorbells (after the status slot and the two header slots)."""
+
 _BELL_SLOTS = 256
 """Doorbell slots per peer in a mailbox: a program whose messages between a pair outnumber them
 rings that pair's doorbells through gloo instead (both ends decide alike from the program)."""
@@ -77,8 +95,9 @@ through gloo, whose socket calls order them."""
 
 
 def _mailbox_bytes(size: int) -> int:
-    """Two header slots (see :meth:`ShmTransport.exchange_header`) and every peer's doorbells."""
-    return 2 * _SLOT_BYTES + size * _BELL_SLOTS * _BELL_BYTES
+    """A status slot, two header slots (see :meth:`ShmTransport.exchange_header`) and every
+    peer's doorbells."""
+    return _BELLS_AT + size * _BELL_SLOTS * _BELL_BYTES
 
 _POLL_MIN_S = 20e-6
 _POLL_MAX_S = 200e-6
@@ -209,16 +228,22 @@ class ShmTransport:
         self._token = secrets.token_hex(8)
         self._prefix = self._agree_prefix(store)
         self._mailbox: _Arena | None = None
-        try:
-            self._mailbox = _Arena(self._mail_path(rank), _mailbox_bytes(size), create=True)
-        except (OSError, CollectiveError) as exc:
-            logger.debug("rank %d: no shared-memory mailbox (%s)", rank, exc)
-        self.peers = self._probe(store)
-        self._peer_mailboxes = self._map_mailboxes(store)
-        self._sequence = 0
+        self._peer_mailboxes: dict[int, _Arena] = {}
         self._program = 0
+        self._heartbeat = 0
         self._bells_to: set[int] = set()
         self._bells_from: set[int] = set()
+        try:
+            try:
+                self._mailbox = _Arena(self._mail_path(rank), _mailbox_bytes(size), create=True)
+            except (OSError, CollectiveError) as exc:
+                logger.debug("rank %d: no shared-memory mailbox (%s)", rank, exc)
+            self.peers = self._probe(store)
+            self._peer_mailboxes = self._map_mailboxes(store)
+        except BaseException:
+            # a peer died or timed out during set-up: leave nothing behind
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ setup
     def _agree_prefix(self, store: Any) -> str:
@@ -262,24 +287,25 @@ class ShmTransport:
         """Whether :meth:`exchange_header` works (every rank of the group shares memory)."""
         return bool(self._peer_mailboxes) or (self._size == 1)
 
-    def exchange_header(self, values: list[int], timeout: timedelta) -> list[list[int]]:
-        """Every rank's ``values`` (same length on all), through the shared-memory mailboxes.
+    def exchange_header(self, sequence: int, values: list[int], timeout: timedelta) -> list[list[int]]:
+        """Every rank's ``values`` (same length on all) for collective ``sequence``, through the
+        shared-memory mailboxes.
 
-        Each rank publishes its header for collective number ``k`` in slot ``k % 2`` of its
-        mailbox: the sequence number, the values and a checksum, so that a reader never accepts
-        a half-written slot whatever order the stores become visible in. Two slots suffice
-        because a rank publishes header ``k + 1`` only after it has read every peer's header
-        ``k``, so no peer is ever two headers ahead of a reader.
+        Each rank publishes its header for collective number ``k`` in header slot ``k % 2`` of
+        its mailbox: the sequence number, the values and a checksum, so that a reader never
+        accepts a half-written slot whatever order the stores become visible in, nor the header
+        of another collective. Two slots suffice because a rank publishes header ``k + 1`` only
+        after it has read every peer's header ``k``, so no peer is ever two headers ahead of a
+        reader.
 
         Raises
         ------
-        CollectiveError
-            A peer did not publish its header within ``timeout``.
+        FailedError
+            A peer did not publish its header within ``timeout`` (kind ``ABSENT``), or a peer
+            has posted a failure record (that record).
         """
-        self._sequence += 1
-        seq = self._sequence
-        words = [seq, *values, _checksum(seq, values)]
-        slot = (seq % 2) * _SLOT_BYTES
+        words = [sequence, *values, _checksum(sequence, values)]
+        slot = _HEADER_SLOTS_AT + (sequence % 2) * _SLOT_BYTES
         assert self._mailbox is not None
         self._mailbox.write_words(slot, words)
         gathered: list[list[int] | None] = [None] * self._size
@@ -291,18 +317,87 @@ class ShmTransport:
             still = []
             for peer in waiting:
                 got = self._peer_mailboxes[peer].read_words(slot, len(words))
-                if got[0] == seq and got[-1] == _checksum(seq, got[1:-1]):
+                if got[0] == sequence and got[-1] == _checksum(sequence, got[1:-1]):
                     gathered[peer] = got[1:-1]
                 else:
                     still.append(peer)
             waiting = still
             if not waiting:
                 break
+            self._raise_posted_failure(waiting)
             if time.monotonic() > deadline:
-                raise CollectiveError(f"rank {self._rank}: ranks {waiting} did not arrive within {timeout}")
+                failure = Failure(
+                    sequence, self._rank, waiting[0], FailureKind.ABSENT,
+                    f"rank(s) {waiting} did not arrive within {timeout.total_seconds():g} s",
+                )
+                raise FailedError(f"rank {self._rank}: {failure.describe()}", failure)
+            self._beat()
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
         return [g for g in gathered if g is not None]
+
+    # ------------------------------------------------------------------ failures and liveness
+    def _beat(self) -> None:
+        """Show the peers that this rank is alive and waiting."""
+        if self._mailbox is not None:
+            self._heartbeat += 1
+            self._mailbox.write_words(8 * _STATUS_HEARTBEAT_WORD, [self._heartbeat])
+
+    def mark_done(self, sequence: int) -> None:
+        """Record that collective ``sequence`` completed on this rank."""
+        if self._mailbox is not None:
+            self._mailbox.write_words(8 * _STATUS_DONE_WORD, [sequence])
+
+    def post_failure(self, failure: Failure) -> None:
+        """Publish ``failure`` in this rank's mailbox, for every peer's waits to see."""
+        if self._mailbox is not None:
+            values = [failure.origin, failure.culprit, int(failure.kind)]
+            self._mailbox.write_words(
+                8 * _STATUS_FAILURE_WORD, [failure.sequence, *values, _checksum(failure.sequence, values)]
+            )
+
+    def posted_failure(self, peers: list[int] | None = None) -> Failure | None:
+        """The failure record of the first of ``peers`` (default: every peer) that posted one."""
+        for peer in self._peer_mailboxes if peers is None else peers:
+            words = self._peer_mailboxes[peer].read_words(8 * _STATUS_FAILURE_WORD, 5)
+            if words[0] > 0 and words[4] == _checksum(words[0], words[1:4]):
+                try:
+                    kind = FailureKind(words[3])
+                except ValueError:
+                    continue  # not a record this version writes
+                return Failure(words[0], words[1], words[2], kind)
+        return None
+
+    def _raise_posted_failure(self, first: list[int]) -> None:
+        failure = self.posted_failure(first) or self.posted_failure()
+        if failure is not None:
+            raise FailedError(f"rank {self._rank}: {failure.describe()}", failure)
+
+    def silent_peers(self, sequence: int, listen_s: float = 0.25) -> list[int]:
+        """Peers that are inside collective ``sequence`` or before it yet do not wait for anything.
+
+        Watches every peer's heartbeat for ``listen_s`` seconds (bumping this rank's own, so that
+        peers running the same check see it alive): a waiting rank bumps its counter every few
+        hundred microseconds, a dead rank or one busy outside the collective does not. Peers that
+        completed the collective, or posted a failure, are not counted. The default is well
+        above the longest pause of a live rank between two looks here (one reduction of a
+        large message, a few scheduler time slices) and short against any process-group timeout.
+        """
+        def beats() -> dict[int, int]:
+            return {p: m.read_words(8 * _STATUS_HEARTBEAT_WORD, 1)[0] for p, m in self._peer_mailboxes.items()}
+
+        before = beats()
+        end = time.monotonic() + listen_s
+        while time.monotonic() < end:
+            self._beat()
+            time.sleep(_POLL_MAX_S)
+        after = beats()
+        silent = []
+        for peer, count in after.items():
+            done = self._peer_mailboxes[peer].read_words(8 * _STATUS_DONE_WORD, 1)[0]
+            if count == before[peer] and done < sequence and self.posted_failure([peer]) is None:
+                silent.append(peer)
+        return sorted(silent)
 
     def _probe(self, store: Any) -> frozenset[int]:
         """The peers that can map this rank's files and whose files this rank can map."""
@@ -340,7 +435,7 @@ class ShmTransport:
         return frozenset(mutual)
 
     # ------------------------------------------------------------------ sending
-    def begin_program(self, messages: list[tuple[int, int]], incoming: list[int] | None = None) -> None:
+    def begin_program(self, messages: list[tuple[int, int]], incoming: list[int] | None = None, sequence: int | None = None) -> None:
         """Make each peer's arena hold every message of the coming program and start at offset 0.
 
         Parameters
@@ -351,8 +446,11 @@ class ShmTransport:
         incoming : list of int, optional
             The source of every receive of the program. With it (and mailboxes), doorbells of
             pairs with at most ``_BELL_SLOTS`` messages go through shared memory too.
+        sequence : int, optional
+            The group's number of the collective this program runs (default: one more than the
+            last). Every doorbell carries it and a receiver accepts only its own collective's.
         """
-        self._program += 1
+        self._program = self._program + 1 if sequence is None else sequence
         self._bells_to, self._bells_from = set(), set()
         if self._peer_mailboxes and incoming is not None and _STORES_IN_ORDER:
             sends: dict[int, int] = {}
@@ -402,7 +500,7 @@ class ShmTransport:
             if dst in self._bells_to:
                 self._ring(dst, tag, -1, 0, nbytes)
                 return _SendWork((data_work,), tensors[0])
-            doorbell = torch.tensor([-1, 0, nbytes], dtype=torch.int64)
+            doorbell = torch.tensor([self._program, -1, 0, nbytes], dtype=torch.int64)
             return _SendWork((self._inner.send([doorbell], dst, tag), data_work), doorbell)
         arena = self._outgoing.get(dst)
         offset = self._cursor.get(dst, 0)
@@ -413,7 +511,7 @@ class ShmTransport:
         if dst in self._bells_to:
             self._ring(dst, tag, self._generation[dst], offset, nbytes)
             return _SendWork((), data)
-        doorbell = torch.tensor([self._generation[dst], offset, nbytes], dtype=torch.int64)
+        doorbell = torch.tensor([self._program, self._generation[dst], offset, nbytes], dtype=torch.int64)
         return _SendWork((self._inner.send([doorbell], dst, tag),), doorbell)
 
     # ------------------------------------------------------------------ receiving
@@ -436,17 +534,23 @@ class ShmTransport:
         """How to wait for the doorbell of message ``tag`` from ``src``: its mailbox or gloo."""
         if src in self._bells_from:
             return lambda timeout: self.wait_bell(src, tag, timeout)
-        doorbell = torch.empty(3, dtype=torch.int64)
+        doorbell = torch.empty(4, dtype=torch.int64)
         work = self._inner.recv([doorbell], src, tag)  # posted now, so gloo can match it early
+        program = self._program
 
         def ring(timeout: timedelta | None) -> torch.Tensor:
             work.wait(timeout) if timeout is not None else work.wait()
-            return doorbell
+            if int(doorbell[0]) != program:
+                raise CollectiveError(
+                    f"rank {self._rank}: message {tag} from rank {src} belongs to collective #{int(doorbell[0])}, "
+                    f"this rank runs #{program}: the ranks are out of step"
+                )
+            return doorbell[1:]
 
         return ring
 
     def _bell_offset(self, dst: int, tag: int) -> int:
-        return 2 * _SLOT_BYTES + (dst * _BELL_SLOTS + (tag - 1) % _BELL_SLOTS) * _BELL_BYTES
+        return _BELLS_AT + (dst * _BELL_SLOTS + (tag - 1) % _BELL_SLOTS) * _BELL_BYTES
 
     def _ring(self, dst: int, tag: int, generation: int, offset: int, nbytes: int) -> None:
         """Publish the doorbell of message ``tag`` to ``dst`` in this rank's mailbox."""
@@ -465,10 +569,26 @@ class ShmTransport:
             words = mailbox.read_words(where, 6)
             if words[0] == self._program and words[1] == tag and words[5] == _checksum(words[0], words[1:5]):
                 return torch.tensor(words[2:5], dtype=torch.int64)
+            self._raise_posted_failure([src])
             if time.monotonic() > deadline:
-                raise CollectiveError(f"rank {self._rank}: no message {tag} from rank {src} within {limit:g} s")
+                raise self._silence(src, tag, limit)
+            self._beat()
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
+
+    def _silence(self, src: int, tag: int, limit_s: float) -> FailedError:
+        """The error of a wait for ``src`` that timed out, blaming the rank that is really missing."""
+        self._raise_posted_failure([src])  # a peer that gave up meanwhile knows more
+        silent = self.silent_peers(self._program)
+        waited = f"no message {tag} from rank {src} within {limit_s:g} s"
+        if src in silent or not silent:
+            culprit = src
+            detail = waited if silent else f"{waited}, and every rank is still waiting (the ranks disagree on the schedule)"
+        else:
+            culprit = silent[0]
+            detail = f"{waited}; rank(s) {silent} wait for nothing (dead, or busy outside the collective)"
+        failure = Failure(self._program, self._rank, culprit, FailureKind.SILENT, detail)
+        return FailedError(f"rank {self._rank}: {failure.describe()}", failure)
 
     def _deliver(
         self,
@@ -504,7 +624,10 @@ class ShmTransport:
 
 
     def close(self) -> None:
-        """Unmap everything and remove the files this rank still owns."""
+        """Unmap everything and remove the files this rank still owns, and those a dead peer left
+        for it (arenas addressed to this rank, set-up files of a peer that died before removing
+        them)."""
+        self._remove_leftovers()
         for arena in self._outgoing.values():
             arena.unlink()
             arena.close()
@@ -518,3 +641,24 @@ class ShmTransport:
         if self._mailbox is not None:
             self._mailbox.close()
             self._mailbox = None
+
+    def _remove_leftovers(self) -> None:
+        prefix = getattr(self, "_prefix", None)
+        if prefix is None:
+            return  # set-up failed before the group agreed on a name: nothing was created
+        try:
+            names = os.listdir(self._directory)
+        except OSError:
+            return
+        for name in names:
+            if not name.startswith(prefix + "-"):
+                continue
+            parts = name[len(prefix) + 1 :].split("-")
+            ours = parts[0] in ("mail", "probe") or (
+                len(parts) == 3 and str(self._rank) in (parts[0], parts[1])
+            )
+            if ours:
+                try:
+                    os.unlink(os.path.join(self._directory, name))
+                except FileNotFoundError:
+                    pass  # a peer removed it first

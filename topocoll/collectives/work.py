@@ -4,13 +4,19 @@
 failure of the operation. A work built with ``_create_work_from_future`` drops errors
 (``wait()`` returns True after a failure), so topocoll subclasses ``dist._Work`` and keeps the
 outcome itself. Operations run to completion before the handle is returned, so the handle is
-always complete; a failure is kept and raised, with its own type, by :meth:`TopoWork.wait`,
+always complete; a failure is raised, with its own type and message, by :meth:`TopoWork.wait`,
 and set on the future that :meth:`TopoWork.get_future` returns.
+
+The handle keeps only the failure's type and message and raises a fresh exception at every
+``wait()``: a stored exception would keep its traceback, whose frames hold the process group,
+its inner gloo groups (threads, sockets) and its shared memory alive after
+``destroy_process_group``, for as long as the caller holds the handle.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+
 
 import torch
 import torch.distributed as dist
@@ -32,17 +38,23 @@ class TopoWork(dist._Work):
     def __init__(self, result: list[torch.Tensor], error: BaseException | None = None) -> None:
         super().__init__()
         self._result = list(result)
-        self._error = error
+        self._error: tuple[type[BaseException], str] | None = None
         self._future: torch.futures.Future = torch.futures.Future()
         if error is None:
             self._future.set_result(self._result)
         else:
-            self._future.set_exception(error)
+            self._error = _rebuildable(error)
+            self._future.set_exception(self._fresh_error())
+
+    def _fresh_error(self) -> BaseException:
+        assert self._error is not None
+        kind, message = self._error
+        return kind(message)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        """Return True, or raise the operation's exception."""
+        """Return True, or raise the operation's exception (a new instance each time)."""
         if self._error is not None:
-            raise self._error
+            raise self._fresh_error()
         return True
 
     def is_completed(self) -> bool:
@@ -60,8 +72,23 @@ class TopoWork(dist._Work):
     def result(self) -> list[torch.Tensor]:
         """The result tensors (raises the operation's exception when it failed)."""
         if self._error is not None:
-            raise self._error
+            raise self._fresh_error()
         return self._result
 
     def synchronize(self) -> None:
         """Nothing to do: the operation already completed."""
+
+
+def _rebuildable(error: BaseException) -> tuple[type[BaseException], str]:
+    """The type and message to raise ``error`` again from; RuntimeError when its type cannot be
+    made from a message alone."""
+    kind: type[BaseException] = type(error)
+    message = str(error)
+    try:
+        kind(message)
+    except Exception:  # a constructor with other arguments: keep the message, not the type
+        kind = RuntimeError
+    return kind, message
+
+
+
