@@ -248,18 +248,30 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._schedules = ScheduleSource(
             topology, tuple(compute[g] for g in ranks), rank, own_store, planner or default_planner, segment_bytes
         )
+        self._shm: ShmTransport | None = None
+        self._cpu_sched: Any = None
+        self._cpu_other: Any = None
+        self._cpu_executor: Executor | None = None
+        self._cuda_sched: Any = None
+        self._cuda_other: Any = None
+        self._cuda_executor: Executor | None = None
+        try:
+            self._connect(store, rank, size, timeout, shared_memory)
+        except BaseException:
+            # a peer died or timed out during set-up: free what was made (threads, sockets,
+            # shared memory) now, not when the exception's traceback lets go of this object
+            self.shutdown()
+            raise
+
+    def _connect(self, store: Any, rank: int, size: int, timeout: timedelta, shared_memory: bool) -> None:
         # Two inner groups: one carries only our schedule traffic and headers, so that user
         # point-to-point messages (handed to the other) can never match our receives.
         self._cpu_sched = dist.ProcessGroupGloo(dist.PrefixStore("topocoll/sched", store), rank, size, timeout)
         self._cpu_other = dist.ProcessGroupGloo(dist.PrefixStore("topocoll/other", store), rank, size, timeout)
-        self._shm: ShmTransport | None = None
         if shared_memory:
             self._shm = ShmTransport(self._cpu_sched, rank, size, dist.PrefixStore("topocoll/shm", store), timeout)
             weakref.finalize(self, self._shm.close)
         self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout)
-        self._cuda_sched: Any = None
-        self._cuda_other: Any = None
-        self._cuda_executor: Executor | None = None
         if torch.cuda.is_available() and dist.is_nccl_available():
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
@@ -371,8 +383,8 @@ class TopoProcessGroup(dist.ProcessGroup):
         the error of the call that failed."""
         if self._failure is None:
             stored = self._stored_failure()
-            if not failure.detail and stored is not None and (stored.sequence, stored.origin) == (failure.sequence, failure.origin):
-                failure = stored  # the same failure, with its origin's own words
+            if not failure.detail and stored is not None and stored.sequence == failure.sequence:
+                failure = stored  # the same collective's failure, in the words of the rank that saw it first
             self._failure = failure
             record = {"sequence": failure.sequence, "origin": failure.origin, "culprit": failure.culprit,
                       "kind": int(failure.kind), "detail": failure.detail}

@@ -270,7 +270,7 @@ class Executor:
             raise  # the transport's own, naming the peer already
         except RuntimeError as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            detail = f"step {step}: {what} failed: {reason}"
+            detail = f"rank {self._rank}, step {step}: {what} failed: {reason}"
             if peer is None:
                 failure = Failure(self._sequence, self._rank, NO_RANK, FailureKind.ERROR, detail)
             else:

@@ -66,13 +66,12 @@ class Failure:
     def describe(self) -> str:
         """One sentence naming the failure: which collective, which rank, what happened."""
         if self.kind is FailureKind.ABSENT:
-            what = f"rank {self.culprit} did not arrive (rank {self.origin} gave up waiting for it)"
+            what = f"rank {self.culprit} did not arrive"
         elif self.kind is FailureKind.SILENT:
-            what = f"rank {self.culprit} stopped answering in the middle of it (seen by rank {self.origin})"
+            what = f"rank {self.culprit} stopped answering in the middle of it"
         else:
             what = f"it failed on rank {self.origin}"
-        detail = f": {self.detail}" if self.detail else ""
-        return f"collective #{self.sequence} failed: {what}{detail}"
+        return f"collective #{self.sequence} failed: {what} ({self.detail or f'reported by rank {self.origin}'})"
 
 
 class GroupBrokenError(CollectiveError):

@@ -326,14 +326,13 @@ class ShmTransport:
                 break
             self._raise_posted_failure(waiting)
             if time.monotonic() > deadline:
-                failure = Failure(
-                    sequence, self._rank, waiting[0], FailureKind.ABSENT,
-                    f"rank(s) {waiting} did not arrive within {timeout.total_seconds():g} s",
-                )
+                detail = f"rank {self._rank} waited {timeout.total_seconds():g} s for rank(s) {waiting}"
+                failure = Failure(sequence, self._rank, waiting[0], FailureKind.ABSENT, detail)
                 raise FailedError(f"rank {self._rank}: {failure.describe()}", failure)
             self._beat()
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
+        self._raise_posted_failure([])  # a peer that arrived, then failed an earlier wait of this one
         return [g for g in gathered if g is not None]
 
     # ------------------------------------------------------------------ failures and liveness
@@ -580,7 +579,7 @@ class ShmTransport:
         """The error of a wait for ``src`` that timed out, blaming the rank that is really missing."""
         self._raise_posted_failure([src])  # a peer that gave up meanwhile knows more
         silent = self.silent_peers(self._program)
-        waited = f"no message {tag} from rank {src} within {limit_s:g} s"
+        waited = f"rank {self._rank} waited {limit_s:g} s for message {tag} from rank {src}"
         if src in silent or not silent:
             culprit = src
             detail = waited if silent else f"{waited}, and every rank is still waiting (the ranks disagree on the schedule)"
@@ -641,6 +640,7 @@ class ShmTransport:
         if self._mailbox is not None:
             self._mailbox.close()
             self._mailbox = None
+        self._inner = None  # the gloo group: its threads and sockets go when its owner lets go
 
     def _remove_leftovers(self) -> None:
         prefix = getattr(self, "_prefix", None)
