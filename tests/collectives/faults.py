@@ -10,6 +10,7 @@ of that kind on a fresh "topo" group; the faulty rank (the last) misbehaves at c
 - ``kill-first``: it is killed at the start of collective #1;
 - ``kill-data``: it is killed right after sending its first message of collective #2;
 - ``mismatch``: it passes a tensor of another size to collective #2;
+- ``bad-topology``: its ``TOPOCOLL_TOPOLOGY`` file is broken (the others' are fine);
 - ``tamper-dst`` / ``tamper-copy`` / ``tamper-drop``: rank 0's planner hands out a schedule with
   a changed destination, a reduce turned into a copy, or a dropped step.
 
@@ -35,7 +36,7 @@ import torch.distributed as dist
 import topocoll  # noqa: F401  (registers "topo")
 from topocoll.collectives import executor as executor_module
 from topocoll.collectives import shm as shm_module
-from topocoll.collectives.backend import TopoOptions, TopoProcessGroup
+from topocoll.collectives.backend import TOPOLOGY_ENV, TopoOptions
 from topocoll.collectives.plans import default_planner
 from topocoll.solver.schedule import Op, Schedule, Transfer
 from topocoll.topo.discover import flat_topology
@@ -49,12 +50,17 @@ FAULTS = (
     "kill-first",
     "kill-data",
     "mismatch",
+    "bad-topology",
     "tamper-dst",
     "tamper-copy",
     "tamper-drop",
 )
 COLLECTIVES = 4
 """Collectives per group: #1 runs clean, #2 carries the fault, #3 and #4 show what follows."""
+RECOVERY_RENDEZVOUS_S = 60.0
+"""How long a rank waits for the others at the recovery group's rendezvous: they arrive once
+they have seen the failure and destroyed the old group, which on a loaded 2-core machine takes
+seconds beyond the group timeout."""
 NUMEL = 4099
 """Elements per rank: odd, so chunks split unevenly; large enough for several messages."""
 
@@ -236,6 +242,12 @@ def fault_worker(rank: int, n: int, workdir: str, out_file: str, kind: str, faul
             injector.install()
         planner = _tampered_planner(fault) if fault.startswith("tamper") else None
         options = TopoOptions(topology=flat_topology(n), planner=planner, shared_memory=shared_memory)
+        if fault == "bad-topology":  # every rank reads $TOPOCOLL_TOPOLOGY; the faulty rank's file is broken
+            path = os.path.join(workdir, f"topology-{rank}.json")
+            with open(path, "w") as f:
+                f.write('{"nodes": [' if faulty else flat_topology(n).to_json())
+            os.environ[TOPOLOGY_ENV] = path
+            options = TopoOptions(shared_memory=shared_memory)
         store = dist.FileStore(os.path.join(workdir, "store"), n)
         store.set_timeout(timeout)
         start = time.monotonic()
@@ -271,7 +283,7 @@ def fault_worker(rank: int, n: int, workdir: str, out_file: str, kind: str, faul
         injector.active = False
         survivors = n - 1 if fault.startswith("kill") else n
         recovery = dist.FileStore(os.path.join(workdir, "store-recovery"), survivors)
-        recovery.set_timeout(timeout)
+        recovery.set_timeout(timedelta(seconds=RECOVERY_RENDEZVOUS_S))
         if rank < survivors:
             dist.init_process_group(
                 "topo", store=recovery, rank=rank, world_size=survivors, timeout=timeout,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import time
 
 import pytest
@@ -55,6 +56,16 @@ def run_scenario(ctx, tmp_path, kind: str, fault: str, shared_memory: bool = Tru
             p.join()
     assert not hung, f"{kind}/{fault}: ranks {hung} hung"
     return [json.loads(o.read_text()) if o.exists() else None for o in outs]
+
+
+def first_errors(reports: list[dict | None]) -> list[str]:
+    """The first error of every rank that raised one."""
+    return [next(c["error"] for c in r["calls"] if c["outcome"] == "error") for r in reports
+            if r is not None and any(c["outcome"] == "error" for c in r["calls"])]
+
+
+CULPRIT = re.compile(rf"rank {WORLD - 1} (did not arrive|stopped answering)")
+"""How every rank must name the faulty (last) rank in its first error."""
 
 
 def check(reports: list[dict | None], kind: str, fault: str, *, group_survives: bool = False) -> None:
@@ -102,6 +113,9 @@ def test_late_and_killed_ranks_never_give_a_wrong_result(context, tmp_path, kind
         # collective #2 is where the fault is: every rank that got there failed it or was right,
         # and at least one rank saw the failure
         assert any(c["outcome"] == "error" for r in alive for c in r["calls"]), f"{kind}/{fault}: nobody noticed"
+        # the rank that is really missing is named, never a live rank that waits for it too
+        errors = first_errors(alive)
+        assert all(CULPRIT.search(e) for e in errors), (kind, fault, errors)
 
 
 @pytest.mark.multiprocess
@@ -112,7 +126,10 @@ def test_faults_through_the_inner_backend_alone(context, tmp_path, kind):
     for fault in ("late-before", "late-after", "kill-first"):
         workdir = tmp_path / fault
         workdir.mkdir()
-        check(run_scenario(context, workdir, kind, fault, shared_memory=False), kind, f"{fault} (gloo)")
+        reports = run_scenario(context, workdir, kind, fault, shared_memory=False)
+        check(reports, kind, f"{fault} (gloo)")
+        errors = first_errors(reports[:-1])
+        assert errors and all(CULPRIT.search(e) for e in errors), (kind, fault, errors)
 
 
 @pytest.mark.multiprocess
@@ -144,3 +161,16 @@ def test_mismatched_and_tampered_schedules_raise_on_every_rank(context, tmp_path
             assert all(o == ["error"] * COLLECTIVES for o in outcomes), (kind, fault, outcomes)
             errors = [c["error"] for r in reports for c in r["calls"]]
             assert all("not valid" in e for e in errors), (kind, fault, errors[:3])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_rank_with_a_broken_topology_file_is_named_by_every_rank(context, tmp_path):
+    reports = run_scenario(context, tmp_path, "allreduce", "bad-topology")
+    check(reports, "allreduce", "bad-topology")
+    faulty = reports[-1]["init_error"]
+    assert "topology-2.json" in faulty and "Traceback" not in faulty, faulty
+    for report in reports[:-1]:  # at once, not after a store timeout, and naming rank 2 and its reason
+        assert report["init_s"] < TIMEOUT_S, report["init_s"]
+        assert f"rank {WORLD - 1} could not load its topology" in report["init_error"], report["init_error"]
+        assert "topology-2.json" in report["init_error"], report["init_error"]

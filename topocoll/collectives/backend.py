@@ -8,12 +8,23 @@ CPU tensors, NCCL for CUDA tensors); between CPU ranks of one host the data itse
 shared memory, announced through shared-memory mailboxes (:mod:`topocoll.collectives.shm`). Everything else (send/recv, all-to-all, gather, scatter,
 barrier) is handed to the inner backend.
 
-Before each scheduled collective the ranks exchange a small header (operation, element count,
-dtype, reduction, root, and whether the local arguments were valid) through the shared-memory
-mailboxes, or the inner backend when some rank shares no memory with the others, so that inputs that differ across ranks raise :class:`~topocoll.errors.CollectiveError` on
-every rank instead of hanging or corrupting data. A peer that dies or never arrives leaves its
-mailbox or its inner-backend messages silent until the process-group timeout, which also raises
-``CollectiveError``.
+Before each scheduled collective the ranks exchange a small header (the collective's number,
+operation, element count, dtype, reduction, root, tensor layout, and whether the local
+arguments were valid) through the shared-memory mailboxes, or the inner backend when some rank
+shares no memory with the others, so that inputs that differ across ranks raise
+:class:`~topocoll.errors.CollectiveError` on every rank instead of hanging or corrupting data;
+such errors leave the group usable.
+
+Every collective has a number, the same on every rank; its header and every doorbell of its data
+carry it, and a rank accepts nothing of another collective. A peer that dies, hangs or arrives
+after the timeout makes the waiting ranks raise within the process-group timeout, naming that
+peer; the group is then *broken* (:mod:`topocoll.collectives.failure`): the rank tells its peers,
+and every later call on every rank raises at once, naming the first failure. Recover as with
+c10d's own backends: ``dist.destroy_process_group()`` (which frees the inner groups' threads and
+sockets and the shared memory) and a new ``dist.init_process_group`` on a fresh store.
+
+Every schedule is verified symbolically before it runs, whoever made it
+(:mod:`topocoll.collectives.plans`).
 
 Operations run to completion in the calling thread; the returned :class:`TopoWork` is complete
 and its ``wait()`` raises the operation's error. ``async_op=True`` is accepted but does not
@@ -30,6 +41,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -103,6 +115,12 @@ the tensors' shapes and dtypes for the operations that take several, else 0)."""
 
 FAILURE_KEY = "failure"
 """Store key (in the group's own prefix) of the group's first failure, as JSON."""
+
+BLAME_LISTEN_S = 0.5
+"""How long a rank that timed out waiting for a peer follows the other ranks' blame records in
+the store (:meth:`TopoProcessGroup._follow_blame`). Ranks that time out in one collective do
+so within a scheduler slice or two of each other, since their waits started together; a store
+round trip is well under a millisecond on one host and a few on a network."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +370,7 @@ class TopoProcessGroup(dist.ProcessGroup):
             except AgreedError as exc:  # every rank raised it alike: the ranks are still in step
                 error = exc
             except FailedError as exc:
-                error = self._break(exc.failure) if scheduled and exc.failure is not None else exc
+                error = self._break(self._follow_blame(exc.failure)) if scheduled and exc.failure is not None else exc
             except Exception as exc:  # the Work carries it to wait()
                 if not isinstance(exc, TopocollError):
                     logger.error("rank %d: unexpected failure:\n%s", self._group_rank, "".join(traceback.format_exception(exc)))
@@ -397,6 +415,39 @@ class TopoProcessGroup(dist.ProcessGroup):
             logger.warning("rank %d: %s", self._group_rank, failure.describe())
         operation = self._operation or "collective"
         return CollectiveError(f"rank {self._group_rank}: {operation}: {failure.describe()}")
+
+    def _follow_blame(self, failure: Failure) -> Failure:
+        """Without mailboxes, find the rank really missing behind a silent peer.
+
+        A rank that timed out waiting for peer ``p`` may be one link of a chain: ``p`` waits
+        for ``q``, which died. Each such rank records whom it blames in the store, then follows
+        the records for :data:`BLAME_LISTEN_S`: the first rank of the chain that records nothing
+        is the one that is dead or stuck. (With mailboxes, heartbeats answer the same question.)
+        """
+        if failure.kind is not FailureKind.SILENT or self._failure is not None or (self._shm is not None and self._shm.has_mailboxes):
+            return failure
+        key = f"blame/{failure.sequence}"
+        try:
+            self._store.set(f"{key}/{self._group_rank}", str(failure.culprit))
+            chain = [self._group_rank]
+            culprit = failure.culprit
+            deadline = time.monotonic() + BLAME_LISTEN_S
+            while culprit not in chain and culprit != NO_RANK:
+                if self._store.check([f"{key}/{culprit}"]):
+                    chain.append(culprit)
+                    culprit = int(self._store.get(f"{key}/{culprit}"))
+                elif time.monotonic() > deadline:
+                    break
+                else:
+                    time.sleep(BLAME_LISTEN_S / 25)
+        except Exception as exc:  # a dead store: keep what this rank saw
+            logger.debug("rank %d: cannot follow the blame: %s", self._group_rank, exc)
+            return failure
+        if culprit in chain or culprit == failure.culprit:
+            return failure  # nobody further down the chain (or everyone waits: a deadlock)
+        via = " -> ".join(f"rank {r}" for r in chain)
+        detail = f"{failure.detail}; it waits too: {via} -> rank {culprit}, which answers nothing"
+        return Failure(failure.sequence, failure.origin, culprit, failure.kind, detail)
 
     def _stored_failure(self) -> Failure | None:
         """The group's first failure as recorded in the store, if any rank recorded one."""

@@ -326,8 +326,13 @@ class ShmTransport:
                 break
             self._raise_posted_failure(waiting)
             if time.monotonic() > deadline:
+                self._raise_posted_failure(waiting)  # a peer that gave up meanwhile knows more
                 detail = f"rank {self._rank} waited {timeout.total_seconds():g} s for rank(s) {waiting}"
-                failure = Failure(sequence, self._rank, waiting[0], FailureKind.ABSENT, detail)
+                # a peer still waiting in an earlier collective is held up, not the cause
+                silent = [p for p in self.silent_peers(sequence) if p in waiting]
+                if silent and silent != waiting:
+                    detail += f"; rank(s) {silent} wait for nothing (dead, or busy outside collectives)"
+                failure = Failure(sequence, self._rank, (silent or waiting)[0], FailureKind.ABSENT, detail)
                 raise FailedError(f"rank {self._rank}: {failure.describe()}", failure)
             self._beat()
             time.sleep(pause)
