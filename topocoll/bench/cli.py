@@ -177,7 +177,7 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
     if baseline == "nccl" and device != "cuda":
         raise BenchArgumentError("baseline nccl needs --device cuda")
     for option, path in (("--topology", args.topology), ("--schedule", args.schedule)):
-        if path and not Path(path).is_file():
+        if path and not Path(path).exists():  # a FIFO or a device: refused when read, in its own words
             raise BenchArgumentError(f"{option} {path}: no such file")
     for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
@@ -262,10 +262,10 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
     nodes = tuple(compute[:world_size])
     schedule = None
     if config.schedule_path:
-        from topocoll.solver.schedule import Schedule
+        from topocoll.solver.schedule import load_schedule
 
         path = config.schedule_path
-        schedule = Schedule.from_json(Path(path).read_text(encoding="utf-8"), source=path)
+        schedule = load_schedule(path)
         if schedule.collective is not config.spec.collective:
             raise BenchArgumentError(f"{path}: schedule is for {schedule.collective.value}, the benchmark runs {config.spec.collective.value}")
         if schedule.ranks != nodes:

@@ -1,0 +1,94 @@
+"""Hostile input files made in a test's ``tmp_path``, and the check that a command refused one.
+
+Every file builder returns the path to pass on the command line and a fragment of the one-line
+error expected for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ZERO_DEVICE = Path("/dev/zero")
+
+
+def not_utf8(directory: Path) -> tuple[Path, str]:
+    """A file with a byte that no UTF-8 text holds."""
+    path = directory / "latin1.json"
+    path.write_bytes(b'{"name": "caf\xe9"}\n')
+    return path, "not UTF-8 text (byte 13"
+
+
+def fifo(directory: Path) -> tuple[Path, str]:
+    """A named pipe nobody writes to: opening it for reading would block forever."""
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes on this platform")
+    path = directory / "pipe.json"
+    os.mkfifo(path)
+    return path, "not a regular file (a FIFO)"
+
+
+def zero_device(directory: Path) -> tuple[Path, str]:
+    """``/dev/zero``: endless bytes."""
+    if not ZERO_DEVICE.exists():
+        pytest.skip(f"no {ZERO_DEVICE} on this platform")
+    return ZERO_DEVICE, "not a regular file (a character device)"
+
+
+def a_directory(directory: Path) -> tuple[Path, str]:
+    """A directory where a file is expected."""
+    path = directory / "folder.json"
+    path.mkdir()
+    return path, "not a regular file (a directory)"
+
+
+Builder = Callable[[Path], tuple[Path, str]]
+
+TOPOLOGY_FILES: dict[str, Builder] = {
+    "not-utf8": not_utf8,
+    "fifo": fifo,
+    "dev-zero": zero_device,
+    "directory": a_directory,
+}
+"""Every hostile topology file, by name (for ``pytest.mark.parametrize``)."""
+
+SCHEDULE_FILES: dict[str, Builder] = {
+    "not-utf8": not_utf8,
+    "fifo": fifo,
+    "dev-zero": zero_device,
+    "directory": a_directory,
+}
+"""Every hostile schedule file, by name."""
+
+
+def assert_one_line_error(status: int, stderr: str, prog: str, fragment: str) -> None:
+    """Exit status 2, and exactly one line on stderr: ``PROG: error: ...FRAGMENT...``."""
+    assert "Traceback" not in stderr, stderr[-2000:]
+    lines = stderr.splitlines()
+    assert len(lines) == 1, lines[:5]
+    assert lines[0].startswith(f"{prog}: error: "), lines[0]
+    assert fragment in lines[0], lines[0]
+    assert status == 2, (status, lines[0])
+
+
+# --------------------------------------------------------------------------- schedule files
+
+SCHEDULE_WORLD = 4
+"""Ranks of the synthesized schedule (the benchmark's flat CPU topology of 4)."""
+
+
+def synthesized_files(directory: Path) -> tuple[Path, Path]:
+    """A flat topology of :data:`SCHEDULE_WORLD` CPU ranks and the allreduce schedule topocoll
+    synthesizes (and verifies) for it, written as ``topocoll synthesize`` writes them."""
+    from topocoll.solver import plan
+    from topocoll.topo.discover import flat_topology
+
+    topology = flat_topology(SCHEDULE_WORLD)
+    topology_path = directory / "flat.json"
+    topology_path.write_text(topology.to_json())
+    schedule_path = directory / "allreduce.json"
+    schedule_path.write_text(plan(topology, "allreduce").to_json())
+    return topology_path, schedule_path
