@@ -1,7 +1,8 @@
 """Hostile input files made in a test's ``tmp_path``, and the check that a command refused one.
 
 Every file builder returns the path to pass on the command line and a fragment of the one-line
-error expected for it.
+error expected for it. Deep nesting goes far past Python's recursion limit (1000 by default),
+so a recursive parser or walk would fail, not merely slow down.
 """
 
 from __future__ import annotations
@@ -12,7 +13,27 @@ from pathlib import Path
 
 import pytest
 
+from topocoll.topo.nccl_xml import MAX_XML_ATTRIBUTE_CHARS, MAX_XML_DEPTH
+
+DEEP_LEVELS = 5000
+"""Nesting of the deep files: five times Python's default recursion limit."""
+
 ZERO_DEVICE = Path("/dev/zero")
+
+
+def deep_xml(directory: Path) -> tuple[Path, str]:
+    """NCCL XML whose ``<pci>`` elements nest :data:`DEEP_LEVELS` levels."""
+    path = directory / "deep.xml"
+    pci = '<pci busid="0000:01:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">'
+    path.write_text(f'<system version="1"><cpu numaid="0">{pci * DEEP_LEVELS}{"</pci>" * DEEP_LEVELS}</cpu></system>\n')
+    return path, f"is nested deeper than {MAX_XML_DEPTH} levels"
+
+
+def huge_attribute_xml(directory: Path) -> tuple[Path, str]:
+    """NCCL XML with one attribute value a character longer than the limit."""
+    path = directory / "huge.xml"
+    path.write_text(f'<system version="1"><cpu numaid="0" vendor="{"A" * (MAX_XML_ATTRIBUTE_CHARS + 1)}"/></system>\n')
+    return path, f"(at most {MAX_XML_ATTRIBUTE_CHARS:,})"
 
 
 def not_utf8(directory: Path) -> tuple[Path, str]:
@@ -48,6 +69,8 @@ def a_directory(directory: Path) -> tuple[Path, str]:
 Builder = Callable[[Path], tuple[Path, str]]
 
 TOPOLOGY_FILES: dict[str, Builder] = {
+    "deep-xml": deep_xml,
+    "huge-attribute": huge_attribute_xml,
     "not-utf8": not_utf8,
     "fifo": fifo,
     "dev-zero": zero_device,
