@@ -29,6 +29,13 @@ def deep_xml(directory: Path) -> tuple[Path, str]:
     return path, f"is nested deeper than {MAX_XML_DEPTH} levels"
 
 
+def deep_json(directory: Path) -> tuple[Path, str]:
+    """A JSON object whose ``nodes`` list holds lists nested :data:`DEEP_LEVELS` levels."""
+    path = directory / "deep.json"
+    path.write_text('{"nodes": ' + "[" * DEEP_LEVELS + "]" * DEEP_LEVELS + ', "links": []}\n')
+    return path, "JSON nested deeper than"
+
+
 def huge_attribute_xml(directory: Path) -> tuple[Path, str]:
     """NCCL XML with one attribute value a character longer than the limit."""
     path = directory / "huge.xml"
@@ -70,6 +77,7 @@ Builder = Callable[[Path], tuple[Path, str]]
 
 TOPOLOGY_FILES: dict[str, Builder] = {
     "deep-xml": deep_xml,
+    "deep-json": deep_json,
     "huge-attribute": huge_attribute_xml,
     "not-utf8": not_utf8,
     "fifo": fifo,
@@ -79,6 +87,7 @@ TOPOLOGY_FILES: dict[str, Builder] = {
 """Every hostile topology file, by name (for ``pytest.mark.parametrize``)."""
 
 SCHEDULE_FILES: dict[str, Builder] = {
+    "deep-json": deep_json,
     "not-utf8": not_utf8,
     "fifo": fifo,
     "dev-zero": zero_device,

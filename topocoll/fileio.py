@@ -2,7 +2,9 @@
 
 Inputs (topology and schedule files) are read by :func:`read_input` only: regular files of a
 bounded size, decoded as UTF-8, so that a FIFO, a device such as ``/dev/zero`` or a huge file
-is refused with one line instead of blocking or filling memory.
+is refused with one line instead of blocking or filling memory. JSON text is parsed by
+:func:`loads_json`, which turns nesting too deep for Python's parser into a
+:class:`~topocoll.errors.FormatError`.
 
 Outputs are written to a temporary file beside the target and renamed into place, so that an
 error never leaves a half-written file behind.
@@ -10,10 +12,13 @@ error never leaves a half-written file behind.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from topocoll.errors import FormatError
 
@@ -106,6 +111,31 @@ def read_input(path: str | os.PathLike, limit_bytes: int, what: str = "file") ->
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FormatError(f"{name}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
+def loads_json(text: str, source: str, **options: Any) -> Any:
+    """``json.loads(text, **options)``, with nesting too deep for the parser as a FormatError.
+
+    Python's ``json`` recurses once per nested array or object and raises ``RecursionError``
+    near the interpreter's recursion limit (``sys.getrecursionlimit()``, 1000 by default).
+    topocoll's topology and schedule files nest at most five levels deep, so only a hostile or
+    corrupted file gets there; this is the one place that says so. Malformed JSON is left to
+    the caller (``json.JSONDecodeError``), which knows what the file should hold.
+
+    Raises
+    ------
+    FormatError
+        ``"SOURCE: JSON nested deeper than ... levels"``.
+    json.JSONDecodeError
+        Malformed JSON.
+    """
+    try:
+        return json.loads(text, **options)
+    except RecursionError:
+        raise FormatError(
+            f"{source}: JSON nested deeper than the parser allows (about {sys.getrecursionlimit()} levels); "
+            "topology and schedule files nest at most 5 levels"
+        ) from None
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:

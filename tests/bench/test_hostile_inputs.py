@@ -81,10 +81,10 @@ def test_topology_over_the_size_limit(world_of_four, capsys, monkeypatch, files)
 
 
 def test_topology_environment_variable_path(monkeypatch, tmp_path):
-    """The backend's ``TOPOCOLL_TOPOLOGY`` loader gets a FormatError, not a RecursionError or a hang."""
+    """The backend's ``TOPOCOLL_TOPOLOGY`` loader gets a FormatError, not a RecursionError."""
     from topocoll.collectives.backend import TOPOLOGY_ENV, load_topology_for
 
-    for kind in ("deep-xml", "fifo", "dev-zero"):
+    for kind in ("deep-xml", "deep-json", "fifo", "dev-zero"):
         path, fragment = TOPOLOGY_FILES[kind](tmp_path)
         monkeypatch.setenv(TOPOLOGY_ENV, str(path))
         with pytest.raises(FormatError, match=re.escape(fragment)):
@@ -92,7 +92,7 @@ def test_topology_environment_variable_path(monkeypatch, tmp_path):
 
 
 @pytest.mark.timeout(TIMEOUT_S)
-@pytest.mark.parametrize("kind", ["fifo", "deep-xml"])
+@pytest.mark.parametrize("kind", ["fifo", "deep-xml", "deep-json"])
 def test_a_real_process_exits_2_with_one_line(tmp_path, kind):
     path, fragment = TOPOLOGY_FILES[kind](tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX"))}

@@ -17,7 +17,7 @@ from tests.hostile import (
 from topocoll import fileio
 from topocoll.cli import main
 from topocoll.errors import FormatError
-from topocoll.solver.schedule import load_schedule
+from topocoll.solver.schedule import Schedule, load_schedule
 
 TIMEOUT_S = 60
 """A refusal takes well under a second; a FIFO that blocked would hit this instead."""
@@ -47,6 +47,11 @@ def test_verify_command_refuses_hostile_files(tmp_path, capsys, files, kind):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert_one_line_error(status, captured.err, "topocoll", fragment)
+
+
+def test_schedule_text_nested_too_deep_is_a_format_error():
+    with pytest.raises(FormatError, match=r"^s\.json: JSON nested deeper than"):
+        Schedule.from_json('{"steps": ' + "[" * 5000 + "]" * 5000 + "}", "s.json")
 
 
 def test_a_file_over_the_schedule_limit_is_refused(monkeypatch, capsys, files):

@@ -19,6 +19,7 @@ from topocoll import fileio
 from topocoll.cli import main
 from topocoll.errors import FormatError
 from topocoll.topo.io import load_topology
+from topocoll.topo.model import Topology
 
 PROCESS_TIMEOUT_S = 60
 """A refusal takes well under a second; a FIFO that blocked would hit this instead."""
@@ -76,3 +77,8 @@ def test_the_limits_fit_every_real_file():
     sizes = [p.stat().st_size for p in TOPOLOGY_DIR.iterdir() if p.is_file()]
     assert sizes and max(sizes) * 1000 < fileio.TOPOLOGY_LIMIT_BYTES
     assert fileio.SCHEDULE_LIMIT_BYTES > 200 * fileio.MIB  # a 1024-rank allreduce schedule
+
+
+def test_topology_json_text_nested_too_deep_is_a_format_error():
+    with pytest.raises(FormatError, match=r"^t\.json: JSON nested deeper than"):
+        Topology.from_json("[" * 5000 + "]" * 5000, "t.json")

@@ -235,9 +235,17 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<schedule>") -> "Schedule":
-        """Parse contract-2 JSON text."""
+        """Parse contract-2 JSON text.
+
+        Raises
+        ------
+        ScheduleError
+            Malformed JSON (with its line) or any error of :meth:`from_json_dict`.
+        FormatError
+            JSON nested too deeply to parse (:func:`topocoll.fileio.loads_json`).
+        """
         try:
-            data = json.loads(text)
+            data = fileio.loads_json(text, source)
         except json.JSONDecodeError as exc:
             raise ScheduleError(f"{source}: line {exc.lineno}: malformed JSON: {exc.msg}") from None
         return cls.from_json_dict(data, source)
@@ -259,7 +267,7 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
     Raises
     ------
     FormatError
-        Not a regular file, too large or not UTF-8; the message names the file.
+        Not a regular file, too large, not UTF-8 or nested too deeply; the message names the file.
     ScheduleError
         Malformed JSON or not a schedule; the message names the file.
     OSError

@@ -129,7 +129,7 @@ def load_topology(path: str | os.PathLike) -> Topology:
     ------
     FormatError
         Not a regular file, larger than :data:`~topocoll.fileio.TOPOLOGY_LIMIT_BYTES`, not
-        UTF-8 text, not a topology, or malformed; the message names the file.
+        UTF-8 text, nested too deeply, not a topology, or malformed; the message names the file.
     TopologyError
         The content violates the model; the message names the file.
     OSError
