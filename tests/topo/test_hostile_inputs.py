@@ -82,3 +82,11 @@ def test_the_limits_fit_every_real_file():
 def test_topology_json_text_nested_too_deep_is_a_format_error():
     with pytest.raises(FormatError, match=r"^t\.json: JSON nested deeper than"):
         Topology.from_json("[" * 5000 + "]" * 5000, "t.json")
+
+
+def test_link_endpoints_must_be_strings(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text('{"nodes": [{"id": "a", "kind": "gpu"}], "links": '
+                    '[{"source": ["a"], "target": "b", "kind": "nvlink", "bw_bytes_per_s": 1}]}')
+    status = main(["topo", "show", str(path)])
+    assert_one_line_error(status, capsys.readouterr().err, "topocoll", "endpoints must be non-empty node ids")

@@ -134,6 +134,9 @@ class Link:
 
     def __post_init__(self) -> None:
         name = f"link {self.src}->{self.dst}"
+        for end in (self.src, self.dst):
+            if not isinstance(end, str) or not end:
+                raise TopologyError(f"{name}: endpoints must be non-empty node ids (strings), got {end!r}")
         if not isinstance(self.kind, LinkKind):
             raise TopologyError(f"{name}: kind must be a LinkKind, got {self.kind!r}")
         if self.src == self.dst:
