@@ -2,11 +2,13 @@
 
 Every file builder returns the path to pass on the command line and a fragment of the one-line
 error expected for it. Deep nesting goes far past Python's recursion limit (1000 by default),
-so a recursive parser or walk would fail, not merely slow down.
+so a recursive parser or walk would fail, not merely slow down. Tampered schedules start from
+a real synthesized one and change it so that it still parses but computes the wrong thing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -124,3 +126,17 @@ def synthesized_files(directory: Path) -> tuple[Path, Path]:
     schedule_path = directory / "allreduce.json"
     schedule_path.write_text(plan(topology, "allreduce").to_json())
     return topology_path, schedule_path
+
+
+def without_digest(data: dict) -> dict:
+    """The topology digest is left out (the file format allows it; the checks do not)."""
+    del data["topology_digest"]
+    return data
+
+
+def tampered_file(schedule_path: Path, change: Callable[[dict], dict], name: str = "tampered.json") -> Path:
+    """A copy of ``schedule_path`` beside it, changed by ``change``."""
+    data = json.loads(schedule_path.read_text())
+    path = schedule_path.with_name(name)
+    path.write_text(json.dumps(change(data)))
+    return path

@@ -19,6 +19,8 @@ from tests.hostile import (
     TOPOLOGY_FILES,
     assert_one_line_error,
     synthesized_files,
+    tampered_file,
+    without_digest,
 )
 from topocoll import fileio
 from topocoll.bench import cli
@@ -78,6 +80,14 @@ def test_topology_over_the_size_limit(world_of_four, capsys, monkeypatch, files)
     monkeypatch.setattr(fileio, "TOPOLOGY_LIMIT_BYTES", topology_path.stat().st_size - 1)
     status, err = _bench(capsys, ["--topology", str(topology_path)])
     assert_one_line_error(status, err, PROG, "bytes allowed for a topology file")
+
+
+def test_schedule_without_digest_is_refused(world_of_four, capsys, files):
+    topology_path, schedule_path = files
+    path = tampered_file(schedule_path, without_digest)
+    status, err = _bench(capsys, ["--topology", str(topology_path), "--schedule", str(path)])
+    assert_one_line_error(status, err, PROG, f"{path}: schedule has no topology_digest")
+    assert "topocoll synthesize" in err
 
 
 def test_topology_environment_variable_path(monkeypatch, tmp_path):

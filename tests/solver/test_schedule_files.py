@@ -1,4 +1,4 @@
-"""Schedule files: hostile files are refused in one line.
+"""Schedule files: hostile files refused in one line, a topology digest required.
 
 ``load_schedule`` is the one reader of schedule files (``topocoll verify``, ``topocoll
 simulate`` and ``topocoll-bench`` use it); ``topocoll verify`` is run in-process through
@@ -13,11 +13,14 @@ from tests.hostile import (
     SCHEDULE_FILES,
     assert_one_line_error,
     synthesized_files,
+    tampered_file,
+    without_digest,
 )
 from topocoll import fileio
 from topocoll.cli import main
-from topocoll.errors import FormatError
+from topocoll.errors import FormatError, ScheduleError
 from topocoll.solver.schedule import Schedule, load_schedule
+from topocoll.solver.verify import require_topology_digest
 
 TIMEOUT_S = 60
 """A refusal takes well under a second; a FIFO that blocked would hit this instead."""
@@ -69,3 +72,22 @@ def test_the_synthesized_schedule_verifies(capsys, files):
     topology_path, schedule_path = files
     assert main(["verify", str(schedule_path), "--topology", str(topology_path)]) == 0
     assert "correct     yes" in capsys.readouterr().out
+
+
+def test_a_schedule_without_digest_is_refused_with_the_fix(capsys, files):
+    topology_path, schedule_path = files
+    path = tampered_file(schedule_path, without_digest)
+    status = main(["verify", str(path), "--topology", str(topology_path)])
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_line_error(status, captured.err, "topocoll", f"{path}: schedule has no topology_digest")
+    assert "re-synthesize it with 'topocoll synthesize" in captured.err
+
+
+def test_an_empty_digest_is_refused_too(files):
+    _, schedule_path = files
+    schedule = load_schedule(schedule_path)
+    require_topology_digest(schedule, "s.json")
+    empty = Schedule.from_json(schedule_path.read_text().replace(schedule.topology_digest, ""))
+    with pytest.raises(ScheduleError, match=r"^s\.json: schedule has no topology_digest"):
+        require_topology_digest(empty, "s.json")

@@ -228,11 +228,13 @@ class Setup:
 def load_setup(config: BenchConfig, world_size: int) -> Setup:
     """Load (or discover) the topology and the schedule, and check they fit the run.
 
+    A schedule file must carry the digest of the run's topology.
+
     Raises
     ------
     TopocollError
         Unreadable files, a topology with too few compute nodes, a schedule for another
-        collective, root, world size or topology.
+        collective, root, world size or topology, or a schedule without a topology digest.
     """
     from topocoll.topo.discover import flat_topology
 
@@ -263,6 +265,7 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
     schedule = None
     if config.schedule_path:
         from topocoll.solver.schedule import load_schedule
+        from topocoll.solver.verify import require_topology_digest
 
         path = config.schedule_path
         schedule = load_schedule(path)
@@ -273,7 +276,8 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
                 f"{path}: schedule ranks {', '.join(schedule.ranks[:4])}{' ...' if len(schedule.ranks) > 4 else ''} "
                 f"differ from the run's {', '.join(nodes[:4])}{' ...' if len(nodes) > 4 else ''} ({world_size} ranks)"
             )
-        if schedule.topology_digest and schedule.topology_digest != topology.digest():
+        require_topology_digest(schedule, path)
+        if schedule.topology_digest != topology.digest():
             raise BenchArgumentError(f"{path}: schedule was made for another topology ({schedule.topology_digest[:19]}...)")
         if config.spec.rooted and schedule.root != config.root:
             raise BenchArgumentError(f"{path}: schedule has root {schedule.root}, the benchmark uses -r {config.root}")
