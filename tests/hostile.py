@@ -128,10 +128,40 @@ def synthesized_files(directory: Path) -> tuple[Path, Path]:
     return topology_path, schedule_path
 
 
+def changed_destination(data: dict) -> dict:
+    """The first transfer of the last step goes to another rank, along a path that exists."""
+    transfer = data["steps"][-1][0]
+    other = next(r for r in range(len(data["ranks"])) if r not in (transfer["src"], transfer["dst"]))
+    transfer["dst"] = other
+    transfer["path"] = [*transfer["path"][:-1], data["ranks"][other]]
+    return data
+
+
+def reduce_made_copy(data: dict) -> dict:
+    """The first ``reduce`` becomes a ``copy``: one contribution is overwritten, not added."""
+    transfer = next(t for step in data["steps"] for t in step if t["op"] == "reduce")
+    transfer["op"] = "copy"
+    return data
+
+
+def dropped_step(data: dict) -> dict:
+    """The last step is left out."""
+    del data["steps"][-1]
+    return data
+
+
 def without_digest(data: dict) -> dict:
     """The topology digest is left out (the file format allows it; the checks do not)."""
     del data["topology_digest"]
     return data
+
+
+TAMPERINGS: dict[str, Callable[[dict], dict]] = {
+    "changed-destination": changed_destination,
+    "reduce-made-copy": reduce_made_copy,
+    "dropped-step": dropped_step,
+}
+"""Changes that keep a schedule well-formed JSON but make it compute the wrong thing."""
 
 
 def tampered_file(schedule_path: Path, change: Callable[[dict], dict], name: str = "tampered.json") -> Path:

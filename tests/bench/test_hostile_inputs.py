@@ -1,4 +1,4 @@
-"""``topocoll-bench`` with hostile input files: exit status 2, one line, nothing run.
+"""``topocoll-bench`` with hostile or tampered input files: exit status 2, one line, nothing run.
 
 Run in-process in an env:// world of 4 (as ``test_cli_args``): every file is read and checked
 before torch.distributed would connect, so a refusal costs no launch. A few real processes
@@ -16,6 +16,7 @@ import pytest
 from tests.bench.helpers import ENV_WORLD, REPO_ROOT, tool
 from tests.hostile import (
     SCHEDULE_FILES,
+    TAMPERINGS,
     TOPOLOGY_FILES,
     assert_one_line_error,
     synthesized_files,
@@ -24,7 +25,7 @@ from tests.hostile import (
 )
 from topocoll import fileio
 from topocoll.bench import cli
-from topocoll.errors import FormatError
+from topocoll.errors import FormatError, ScheduleError
 
 PROG = "topocoll-bench"
 TIMEOUT_S = 120
@@ -88,6 +89,28 @@ def test_schedule_without_digest_is_refused(world_of_four, capsys, files):
     status, err = _bench(capsys, ["--topology", str(topology_path), "--schedule", str(path)])
     assert_one_line_error(status, err, PROG, f"{path}: schedule has no topology_digest")
     assert "topocoll synthesize" in err
+
+
+@pytest.mark.parametrize("change", sorted(TAMPERINGS))
+def test_tampered_schedule_is_refused_with_the_verifiers_message(world_of_four, capsys, files, change):
+    topology_path, schedule_path = files
+    path = tampered_file(schedule_path, TAMPERINGS[change])
+    status, err = _bench(capsys, ["--topology", str(topology_path), "--schedule", str(path)])
+    assert_one_line_error(status, err, PROG, f"{path} is not valid: ")
+
+
+@pytest.mark.parametrize("change", sorted(TAMPERINGS))
+def test_load_setup_verifies_the_schedule(files, change):
+    topology_path, schedule_path = files
+    args = ["allreduce", "--device", "cpu", "--topology", str(topology_path), "--schedule", str(schedule_path)]
+    config = cli.validate(cli.build_parser().parse_args(args), 4)
+    setup = cli.load_setup(config, 4)
+    assert setup.schedule is not None and setup.schedule.topology_digest == setup.topology.digest()
+    path = tampered_file(schedule_path, TAMPERINGS[change])
+    args[-1] = str(path)
+    config = cli.validate(cli.build_parser().parse_args(args), 4)
+    with pytest.raises(ScheduleError, match=rf"^{path} is not valid: "):
+        cli.load_setup(config, 4)
 
 
 def test_topology_environment_variable_path(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""Schedule files: hostile files refused in one line, a topology digest required.
+"""Schedule files: hostile files refused in one line, a topology digest required, tampering caught.
 
 ``load_schedule`` is the one reader of schedule files (``topocoll verify``, ``topocoll
 simulate`` and ``topocoll-bench`` use it); ``topocoll verify`` is run in-process through
@@ -11,6 +11,7 @@ import pytest
 
 from tests.hostile import (
     SCHEDULE_FILES,
+    TAMPERINGS,
     assert_one_line_error,
     synthesized_files,
     tampered_file,
@@ -20,7 +21,8 @@ from topocoll import fileio
 from topocoll.cli import main
 from topocoll.errors import FormatError, ScheduleError
 from topocoll.solver.schedule import Schedule, load_schedule
-from topocoll.solver.verify import require_topology_digest
+from topocoll.solver.verify import require_topology_digest, verify
+from topocoll.topo.io import load_topology
 
 TIMEOUT_S = 60
 """A refusal takes well under a second; a FIFO that blocked would hit this instead."""
@@ -91,3 +93,13 @@ def test_an_empty_digest_is_refused_too(files):
     empty = Schedule.from_json(schedule_path.read_text().replace(schedule.topology_digest, ""))
     with pytest.raises(ScheduleError, match=r"^s\.json: schedule has no topology_digest"):
         require_topology_digest(empty, "s.json")
+
+
+@pytest.mark.parametrize("change", sorted(TAMPERINGS))
+def test_verify_command_refuses_tampered_schedules(capsys, files, change):
+    topology_path, schedule_path = files
+    path = tampered_file(schedule_path, TAMPERINGS[change])
+    assert not verify(load_schedule(path), load_topology(topology_path)).ok
+    assert main(["verify", str(path), "--topology", str(topology_path)]) == 1
+    out = capsys.readouterr().out
+    assert "correct     NO:" in out

@@ -228,13 +228,15 @@ class Setup:
 def load_setup(config: BenchConfig, world_size: int) -> Setup:
     """Load (or discover) the topology and the schedule, and check they fit the run.
 
-    A schedule file must carry the digest of the run's topology.
+    A schedule file must carry the digest of the run's topology, and is verified
+    (:func:`topocoll.solver.verify.verify`) once here, before any rank runs it.
 
     Raises
     ------
     TopocollError
         Unreadable files, a topology with too few compute nodes, a schedule for another
-        collective, root, world size or topology, or a schedule without a topology digest.
+        collective, root, world size or topology, a schedule without a topology digest, or one
+        the verifier refuses (its first error).
     """
     from topocoll.topo.discover import flat_topology
 
@@ -265,7 +267,7 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
     schedule = None
     if config.schedule_path:
         from topocoll.solver.schedule import load_schedule
-        from topocoll.solver.verify import require_topology_digest
+        from topocoll.solver.verify import require_topology_digest, verify
 
         path = config.schedule_path
         schedule = load_schedule(path)
@@ -281,6 +283,7 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
             raise BenchArgumentError(f"{path}: schedule was made for another topology ({schedule.topology_digest[:19]}...)")
         if config.spec.rooted and schedule.root != config.root:
             raise BenchArgumentError(f"{path}: schedule has root {schedule.root}, the benchmark uses -r {config.root}")
+        verify(schedule, topology).raise_if_failed(path)
     return Setup(topology, nodes, schedule, source)
 
 
