@@ -23,6 +23,10 @@ LAUNCH_TIMEOUT_S = 300
 """Wall-clock limit of one multi-process launch (4 ranks importing torch on 2 cores: 10-30 s)."""
 
 
+ENV_WORLD = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+"""An env:// world of 4: validation runs, and fails, before torch.distributed would connect."""
+
+
 fixture = fixture_path
 """A real topology or nccl-tests output file kept with the tests."""
 

@@ -8,10 +8,7 @@ import subprocess
 import pytest
 
 from topocoll.bench import cli
-from tests.bench.helpers import tool
-
-ENV_WORLD = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-"""An env:// world of 4: validation runs, and fails, before torch.distributed would connect."""
+from tests.bench.helpers import ENV_WORLD, tool
 
 
 @pytest.fixture

@@ -23,7 +23,14 @@ from tests.topo.fixtures import (
 )
 from topocoll.errors import FormatError, TopologyError
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
-from topocoll.topo.nccl_xml import parse_link_speed, parse_nccl_xml, to_nccl_xml
+from topocoll.topo.nccl_xml import (
+    MAX_XML_ATTRIBUTE_CHARS,
+    MAX_XML_DEPTH,
+    parse_link_speed,
+    parse_nccl_xml,
+    read_xml,
+    to_nccl_xml,
+)
 
 PCIE_GEN3_X16 = 8e9 * 128 / 130 / 8 * 16  # PCI-SIG: 8 GT/s, 128b/130b, 16 lanes
 PCIE_GEN4_X16 = 2 * PCIE_GEN3_X16
@@ -397,6 +404,51 @@ def test_external_entity_is_refused():
     xxe = '<!DOCTYPE system [<!ENTITY x SYSTEM "file:///etc/hostname">]><system version="1">&x;</system>'
     with pytest.raises(FormatError, match=r"^xxe\.xml: line 1: .*refused"):
         parse_nccl_xml(xxe, "xxe.xml")
+
+
+def _bridges(levels: int) -> str:
+    """A ``<system>`` whose PCIe bridges nest so that the document is ``levels`` elements deep."""
+    pci = '<pci class="0x060400" link_speed="16 GT/s" link_width="16">'
+    bridges = levels - 2  # <system> and <cpu> are the first two levels
+    return f'<system version="1"><cpu numaid="0">{pci * bridges}{"</pci>" * bridges}</cpu></system>'
+
+
+def test_nesting_up_to_the_limit_is_read_and_one_more_level_refused():
+    topo = parse_nccl_xml(_bridges(MAX_XML_DEPTH), "deep.xml")
+    assert len(ids_of(topo, NodeKind.PCIE_SWITCH)) == MAX_XML_DEPTH - 2
+    with pytest.raises(FormatError, match=rf"^deep\.xml: line 1: <pci> is nested deeper than {MAX_XML_DEPTH} levels$"):
+        parse_nccl_xml(_bridges(MAX_XML_DEPTH + 1), "deep.xml")
+
+
+def test_every_real_file_is_far_inside_the_limits():
+    deepest = longest = 0
+    for name in all_fixture_names():
+        if not name.endswith(".xml"):
+            continue
+        stack = [(read_xml(fixture_text(name), name).root, 1)]
+        while stack:
+            element, depth = stack.pop()
+            deepest = max(deepest, depth)
+            longest = max([longest, *(len(v) for v in element.attrs.values())])
+            stack += [(child, depth + 1) for child in element.children]
+    assert 8 * deepest <= MAX_XML_DEPTH
+    assert 16 * max(longest, 255) <= MAX_XML_ATTRIBUTE_CHARS  # 255: NCCL's own longest value
+
+
+@pytest.mark.parametrize("where", ["value", "name", "tag"])
+def test_attribute_up_to_the_limit_is_read_and_a_longer_one_refused(where):
+    def document(length: int) -> str:
+        text = "x" * length
+        if where == "value":
+            return f'<system version="1"><cpu numaid="0" vendor="{text}"/></system>'
+        if where == "name":
+            return f'<system version="1"><cpu numaid="0" {text}="1"/></system>'
+        return f'<system version="1"><cpu numaid="0"><{text}/></cpu></system>'
+
+    parse_nccl_xml(document(MAX_XML_ATTRIBUTE_CHARS), "long.xml")
+    with pytest.raises(FormatError, match=rf"^long\.xml: line 1: .* of {MAX_XML_ATTRIBUTE_CHARS + 1:,} characters") as info:
+        parse_nccl_xml(document(MAX_XML_ATTRIBUTE_CHARS + 1), "long.xml")
+    assert len(str(info.value)) < 200  # the value itself is not copied into the message
 
 
 def test_doctype_in_a_comment_is_not_a_declaration():

@@ -177,7 +177,7 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
     if baseline == "nccl" and device != "cuda":
         raise BenchArgumentError("baseline nccl needs --device cuda")
     for option, path in (("--topology", args.topology), ("--schedule", args.schedule)):
-        if path and not Path(path).is_file():
+        if path and not Path(path).exists():  # a FIFO or a device: refused when read, in its own words
             raise BenchArgumentError(f"{option} {path}: no such file")
     for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
@@ -228,11 +228,15 @@ class Setup:
 def load_setup(config: BenchConfig, world_size: int) -> Setup:
     """Load (or discover) the topology and the schedule, and check they fit the run.
 
+    A schedule file must carry the digest of the run's topology, and is verified
+    (:func:`topocoll.solver.verify.verify`) once here, before any rank runs it.
+
     Raises
     ------
     TopocollError
         Unreadable files, a topology with too few compute nodes, a schedule for another
-        collective, root, world size or topology.
+        collective, root, world size or topology, a schedule without a topology digest, or one
+        the verifier refuses (its first error).
     """
     from topocoll.topo.discover import flat_topology
 
@@ -262,10 +266,11 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
     nodes = tuple(compute[:world_size])
     schedule = None
     if config.schedule_path:
-        from topocoll.solver.schedule import Schedule
+        from topocoll.solver.schedule import load_schedule
+        from topocoll.solver.verify import require_topology_digest, verify
 
         path = config.schedule_path
-        schedule = Schedule.from_json(Path(path).read_text(encoding="utf-8"), source=path)
+        schedule = load_schedule(path)
         if schedule.collective is not config.spec.collective:
             raise BenchArgumentError(f"{path}: schedule is for {schedule.collective.value}, the benchmark runs {config.spec.collective.value}")
         if schedule.ranks != nodes:
@@ -273,10 +278,12 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
                 f"{path}: schedule ranks {', '.join(schedule.ranks[:4])}{' ...' if len(schedule.ranks) > 4 else ''} "
                 f"differ from the run's {', '.join(nodes[:4])}{' ...' if len(nodes) > 4 else ''} ({world_size} ranks)"
             )
-        if schedule.topology_digest and schedule.topology_digest != topology.digest():
+        require_topology_digest(schedule, path)
+        if schedule.topology_digest != topology.digest():
             raise BenchArgumentError(f"{path}: schedule was made for another topology ({schedule.topology_digest[:19]}...)")
         if config.spec.rooted and schedule.root != config.root:
             raise BenchArgumentError(f"{path}: schedule has root {schedule.root}, the benchmark uses -r {config.root}")
+        verify(schedule, topology).raise_if_failed(path)
     return Setup(topology, nodes, schedule, source)
 
 

@@ -252,7 +252,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     """Handler of ``topocoll simulate``; prints the table, writes the requested files."""
     from topocoll.bench.metrics import BenchArgumentError
     from topocoll.bench.sizes import parse_size_range
-    from topocoll.solver.schedule import Collective, Schedule
+    from topocoll.solver.schedule import Collective, load_schedule
     from topocoll.topo.io import load_topology
 
     from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S
@@ -267,7 +267,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     schedule = None
     if args.schedule:
-        schedule = Schedule.from_json(Path(args.schedule).read_text(encoding="utf-8"), source=args.schedule)
+        schedule = load_schedule(args.schedule)
         collective = schedule.collective
         for node in schedule.ranks:
             topology.node(node)

@@ -12,9 +12,9 @@ from topocoll.fileio import write_atomic
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.lp import SOLVERS
 from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective
-from topocoll.solver.schedule import Collective, Schedule
+from topocoll.solver.schedule import Collective, load_schedule
 from topocoll.solver.synthesize import SynthesisOptions
-from topocoll.solver.verify import verify
+from topocoll.solver.verify import require_topology_digest, verify
 from topocoll.topo.io import load_topology
 from topocoll.topo.model import Topology
 from topocoll.units import format_bandwidth, format_size, format_time, parse_size
@@ -36,7 +36,9 @@ examples:
   topocoll verify ar.json --topology dgx1.json
   topocoll verify ar.json --topology dgx1.json --size 256M
 
-Exit status 0 when the schedule implements its collective on the topology, 1 when not.
+Exit status 0 when the schedule implements its collective on the topology, 1 when not, and
+2 when it cannot be checked: an unreadable file, or a schedule without a topology digest
+(re-synthesize it with topocoll synthesize).
 """
 
 
@@ -166,8 +168,8 @@ def run_synthesize(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     """Handler of ``topocoll verify``."""
     size = _size(args.size)
-    text = Path(args.schedule).read_text()
-    schedule = Schedule.from_json(text, source=args.schedule)
+    schedule = load_schedule(args.schedule)
+    require_topology_digest(schedule, args.schedule)
     topology = load_topology(args.topology)
     result = verify(schedule, topology, size_bytes=size, per_message_overhead_s=args.overhead_us * 1e-6)
     print(f"{'schedule':<12}{args.schedule}: {schedule.collective.value} over {len(schedule.ranks)} ranks, "

@@ -5,8 +5,8 @@ cut into chunks, and a list of steps. Transfers inside one step run concurrently
 values as they were before the step; ``REDUCE`` adds the sender's chunk into the receiver's,
 ``COPY`` overwrites it. ``path`` spells out the physical route through the topology.
 
-This module only defines the records and their JSON form; :mod:`topocoll.solver.verify` checks
-that a schedule is correct.
+This module defines the records, their JSON form and :func:`load_schedule`, the one reader of
+schedule files; :mod:`topocoll.solver.verify` checks that a schedule is correct.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from topocoll import fileio
 from topocoll.errors import ScheduleError
 
 FORMAT = "topocoll.schedule/1"
@@ -233,12 +235,46 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<schedule>") -> "Schedule":
-        """Parse contract-2 JSON text."""
+        """Parse contract-2 JSON text.
+
+        Raises
+        ------
+        ScheduleError
+            Malformed JSON (with its line) or any error of :meth:`from_json_dict`.
+        FormatError
+            JSON nested too deeply to parse (:func:`topocoll.fileio.loads_json`).
+        """
         try:
-            data = json.loads(text)
+            data = fileio.loads_json(text, source)
         except json.JSONDecodeError as exc:
             raise ScheduleError(f"{source}: line {exc.lineno}: malformed JSON: {exc.msg}") from None
         return cls.from_json_dict(data, source)
+
+
+def load_schedule(path: str | os.PathLike) -> Schedule:
+    """Read a schedule file (contract-2 JSON).
+
+    Parameters
+    ----------
+    path : path-like
+        A regular file of at most :data:`~topocoll.fileio.SCHEDULE_LIMIT_BYTES`.
+
+    Returns
+    -------
+    Schedule
+        Parsed, not verified: see :func:`topocoll.solver.verify.verify`.
+
+    Raises
+    ------
+    FormatError
+        Not a regular file, too large, not UTF-8 or nested too deeply; the message names the file.
+    ScheduleError
+        Malformed JSON or not a schedule; the message names the file.
+    OSError
+        The file does not exist or cannot be opened (left to the caller).
+    """
+    source = str(path)
+    return Schedule.from_json(fileio.read_input(path, fileio.SCHEDULE_LIMIT_BYTES, "schedule file"), source=source)
 
 
 def _list(value: Any, where: str) -> list:

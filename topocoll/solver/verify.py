@@ -30,7 +30,8 @@ every rank holds every chunk from its owner; reduce-scatter — each rank holds 
 its own shard reduced over all ranks; broadcast — every rank holds every chunk from the root;
 reduce — the root holds every chunk reduced over all ranks.
 
-Structure: the topology digest must match (unless the schedule's is empty), every rank must be
+Structure: the topology digest must match (unless the schedule's is empty; files read by the
+command-line tools must have one, see :func:`require_topology_digest`), every rank must be
 a compute node of the topology, the chunks must tile [0, 1) (and, for allgather and
 reduce-scatter, stay inside one shard each), every path must run from the sender's node to the
 receiver's along links of the topology without visiting a node twice.
@@ -113,6 +114,27 @@ class _Errors:
         self.count += 1
         if len(self.messages) < self.limit:
             self.messages.append(message)
+
+
+def require_topology_digest(schedule: Schedule, source: str) -> None:
+    """Refuse a schedule that carries no topology digest.
+
+    :func:`verify` compares a non-empty digest with the topology's, and skips the comparison
+    for an empty one (schedules built in memory, tests). A schedule *file* about to be checked
+    against a topology or run must say which topology it was made for, or a schedule for
+    another machine with the same node names would pass; ``topocoll verify`` and
+    ``topocoll-bench --schedule`` call this first. The file format keeps the field as it is.
+
+    Raises
+    ------
+    ScheduleError
+        ``"SOURCE: schedule has no topology_digest ..."``, saying how to make one that has.
+    """
+    if not schedule.topology_digest:
+        raise ScheduleError(
+            f"{source}: schedule has no topology_digest, so it cannot be checked against the topology; "
+            "re-synthesize it with 'topocoll synthesize --topology FILE ...'"
+        )
 
 
 def verify(

@@ -22,8 +22,8 @@ import os
 import re
 from pathlib import Path
 
+from topocoll import fileio
 from topocoll.errors import FormatError, TopocollError
-from topocoll.fileio import write_atomic
 from topocoll.topo.model import Topology
 from topocoll.topo.nccl_xml import parse_nccl_xml, root_tag, to_nccl_xml
 from topocoll.topo.nvidia_smi import parse_nvidia_smi
@@ -128,19 +128,15 @@ def load_topology(path: str | os.PathLike) -> Topology:
     Raises
     ------
     FormatError
-        Not a topology, not UTF-8 text, or malformed; the message names the file.
+        Not a regular file, larger than :data:`~topocoll.fileio.TOPOLOGY_LIMIT_BYTES`, not
+        UTF-8 text, nested too deeply, not a topology, or malformed; the message names the file.
     TopologyError
         The content violates the model; the message names the file.
     OSError
-        The file cannot be read (left to the caller).
+        The file does not exist or cannot be opened (left to the caller).
     """
-    source = str(path)
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FormatError(f"{source}: not UTF-8 text (byte {exc.start})") from None
-    return parse_topology(text, source)
+    text = fileio.read_input(path, fileio.TOPOLOGY_LIMIT_BYTES, "topology file")
+    return parse_topology(text, str(path))
 
 
 def dumps_topology(topology: Topology, fmt: str) -> str:
@@ -177,4 +173,4 @@ def save_topology(topology: Topology, path: str | os.PathLike) -> None:
         text = dumps_topology(topology, EXTENSIONS[suffix])
     except TopocollError as exc:
         raise type(exc)(f"{path}: {exc}") from None
-    write_atomic(path, text)
+    fileio.write_atomic(path, text)

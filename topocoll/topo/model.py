@@ -23,7 +23,8 @@ from typing import Any
 
 import networkx as nx
 
-from topocoll.errors import TopologyError
+from topocoll import fileio
+from topocoll.errors import FormatError, TopologyError
 
 FORMAT = "topocoll.topology/1"
 
@@ -133,6 +134,9 @@ class Link:
 
     def __post_init__(self) -> None:
         name = f"link {self.src}->{self.dst}"
+        for end in (self.src, self.dst):
+            if not isinstance(end, str) or not end:
+                raise TopologyError(f"{name}: endpoints must be non-empty node ids (strings), got {end!r}")
         if not isinstance(self.kind, LinkKind):
             raise TopologyError(f"{name}: kind must be a LinkKind, got {self.kind!r}")
         if self.src == self.dst:
@@ -371,12 +375,22 @@ class Topology:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<json>") -> "Topology":
-        """Parse contract-1 JSON text. See :meth:`from_json_dict`."""
+        """Parse contract-1 JSON text. See :meth:`from_json_dict`.
+
+        Raises
+        ------
+        TopologyError
+            Malformed JSON (with its line) or any error of :meth:`from_json_dict`.
+        FormatError
+            JSON nested too deeply to parse (:func:`topocoll.fileio.loads_json`).
+        """
         try:
-            data = json.loads(text, parse_constant=_reject_constant)
+            data = fileio.loads_json(text, source, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:
             raise TopologyError(f"{source}: line {exc.lineno}: malformed JSON: {exc.msg}") from None
-        except ValueError as exc:
+        except FormatError:
+            raise
+        except ValueError as exc:  # a NaN or Infinity constant
             raise TopologyError(f"{source}: {exc}") from None
         return cls.from_json_dict(data, source)
 

@@ -75,6 +75,24 @@ _NOTE_PREFIX = "topocoll note: "
 
 # ------------------------------------------------------------------------------- safe reading
 
+MAX_XML_DEPTH = 64
+"""Deepest element nesting read.
+
+The real files in ``tests/data/topologies`` nest at most 8 levels (``system``, ``cpu``, three
+``pci`` bridges, the GPU's own ``pci``, ``gpu``, ``nvlink``); every PCIe switch adds two
+``pci`` levels (upstream and downstream port), so 64 leaves room for about 28 switches in a
+chain, more than any server has. It also bounds the importer's walk of the ``pci`` tree, which
+recurses once per level, far inside Python's recursion limit (1000 by default)."""
+
+MAX_XML_ATTRIBUTE_CHARS = 4096
+"""Longest attribute value (and element or attribute name) read.
+
+NCCL keeps attribute values in 256-byte buffers (``MAX_STR_LEN`` 255 in its
+``src/graph/xml.h``), so a file NCCL reads or writes has none longer than 255 characters; the
+longest in ``tests/data/topologies`` has 53. 4096 leaves room for hand-edited files and for
+names that topocoll writes back (``<net name=...>``), and refuses a value that is only there
+to fill memory."""
+
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 _DECLARATION = re.compile(r"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
@@ -107,9 +125,15 @@ class XmlDocument:
 
 
 class _Refused(Exception):
-    def __init__(self, line: int) -> None:
-        super().__init__(line)
+    def __init__(self, line: int, reason: str = "DTD and entity declarations are refused") -> None:
+        super().__init__(line, reason)
         self.line = line
+        self.reason = reason
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters for an error message."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _blank_comments(text: str) -> str:
@@ -122,6 +146,9 @@ def read_xml(text: str, source: str) -> XmlDocument:
 
     Any ``<!DOCTYPE`` or ``<!ENTITY`` declaration is refused before parsing (so no entity
     expansion and no external entities); expat is also told never to read parameter entities.
+    Elements nested deeper than :data:`MAX_XML_DEPTH` and attribute values longer than
+    :data:`MAX_XML_ATTRIBUTE_CHARS` are refused as soon as the parser meets them, so the tree
+    handed to the importer is bounded in depth.
 
     Parameters
     ----------
@@ -137,7 +164,8 @@ def read_xml(text: str, source: str) -> XmlDocument:
     Raises
     ------
     FormatError
-        ``"SOURCE: line L: ..."`` for malformed XML and for declarations.
+        ``"SOURCE: line L: ..."`` for malformed XML, declarations, nesting too deep and
+        attribute values too long.
     """
     declaration = _DECLARATION.search(_blank_comments(text))
     if declaration:
@@ -153,7 +181,17 @@ def read_xml(text: str, source: str) -> XmlDocument:
     comments: list[str] = []
 
     def start(tag: str, attrs: dict[str, str]) -> None:
-        element = XmlElement(tag, dict(attrs), parser.CurrentLineNumber)
+        line = parser.CurrentLineNumber
+        if len(stack) >= MAX_XML_DEPTH:
+            raise _Refused(line, f"<{_shown(tag)}> is nested deeper than {MAX_XML_DEPTH} levels")
+        for piece in (tag, *attrs, *attrs.values()):
+            if len(piece) > MAX_XML_ATTRIBUTE_CHARS:
+                raise _Refused(
+                    line,
+                    f"<{_shown(tag)}>: a name or attribute value of {len(piece):,} characters "
+                    f"(at most {MAX_XML_ATTRIBUTE_CHARS:,}): {_shown(piece)!r}",
+                )
+        element = XmlElement(tag, dict(attrs), line)
         (stack[-1].children if stack else roots).append(element)
         stack.append(element)
 
@@ -174,7 +212,7 @@ def read_xml(text: str, source: str) -> XmlDocument:
     except expat.ExpatError as exc:
         raise FormatError(f"{source}: line {exc.lineno}: malformed XML: {expat.ErrorString(exc.code)}") from None
     except _Refused as exc:
-        raise FormatError(f"{source}: line {exc.line}: DTD and entity declarations are refused") from None
+        raise FormatError(f"{source}: line {exc.line}: {exc.reason}") from None
     return XmlDocument(roots[0], tuple(comments))
 
 
