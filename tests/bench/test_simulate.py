@@ -10,6 +10,7 @@ from topocoll.cli import main
 from topocoll.solver.baselines import ring
 from topocoll.topo.discover import flat_topology
 from tests.bench.helpers import fixture, parse_table
+from tests.hostile import TAMPERINGS, synthesized_files, tampered_file, without_digest
 
 FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
            "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
@@ -112,3 +113,13 @@ def test_no_file_left_behind_on_error(capsys, flat4, tmp_path):
                                  "-J", str(tmp_path / "x.json"), "--csv", str(tmp_path / "x.csv")])
     assert status == 2
     assert list(tmp_path.iterdir()) == [flat4]
+
+
+@pytest.mark.parametrize("change", ["without-digest", *sorted(TAMPERINGS)])
+def test_a_tampered_or_unstamped_schedule_is_not_simulated(capsys, tmp_path, change):
+    topology_path, schedule_path = synthesized_files(tmp_path)
+    path = tampered_file(schedule_path, without_digest if change == "without-digest" else TAMPERINGS[change])
+    status, out, err = _run(capsys, ["simulate", "--topology", str(topology_path), "--schedule", str(path)])
+    assert status == 2 and out == ""
+    assert len(err.splitlines()) == 1, err
+    assert ("no topology_digest" if change == "without-digest" else "is not valid") in err, err

@@ -253,6 +253,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from topocoll.bench.metrics import BenchArgumentError
     from topocoll.bench.sizes import parse_size_range
     from topocoll.solver.schedule import Collective, load_schedule
+    from topocoll.solver.verify import require_topology_digest, verify
     from topocoll.topo.io import load_topology
 
     from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S
@@ -271,8 +272,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         collective = schedule.collective
         for node in schedule.ranks:
             topology.node(node)
-        if schedule.topology_digest and schedule.topology_digest != topology.digest():
+        require_topology_digest(schedule, args.schedule)
+        if schedule.topology_digest != topology.digest():
             raise ScheduleError(f"{args.schedule}: made for another topology ({schedule.topology_digest[:19]}...) than {args.topology}")
+        verify(schedule, topology).raise_if_failed(args.schedule)  # predictions of a wrong schedule mean nothing
         ranks = schedule.ranks
         if args.ranks and parse_ranks(args.ranks, topology.compute_nodes()) != ranks:
             raise ScheduleError(f"--ranks differs from the ranks of {args.schedule} ({', '.join(ranks)})")
