@@ -71,8 +71,10 @@ SELECTED: dict[int, tuple[str, ...]] = {
         "test_barrier",
         "test_barrier_full_group",
         "test_destroy_full_group",
+        "test_destroy_group",
         "test_DistributedDataParallelCPU",
     ),
+    4: ("test_new_subgroups_with_group_param",),
     # PyTorch runs its tests of subgroups ([1, 2] of the world) only from 8 ranks on
     8: (
         "test_all_reduce_group_sum",
@@ -89,21 +91,7 @@ SELECTED: dict[int, tuple[str, ...]] = {
 }
 """World size -> tests of ``DistributedTest._DistTestBase`` run with that many ranks."""
 
-ALL_GATHER_COALESCED_LAYOUT = (
-    "topo's allgather_coalesced reads the outputs as [tensor][rank]; "
-    "torch.distributed passes them as [rank][tensor]"
-)
-TOPO_XFAIL = {
-    "test_all_gather_coalesced_simple": ALL_GATHER_COALESCED_LAYOUT,
-    "test_all_gather_coalesced_complex": ALL_GATHER_COALESCED_LAYOUT,
-    "test_all_gather_coalesced_full_group": ALL_GATHER_COALESCED_LAYOUT,
-    "test_all_gather_coalesced_with_empty": ALL_GATHER_COALESCED_LAYOUT,
-    "test_all_gather_coalesced_group": ALL_GATHER_COALESCED_LAYOUT,
-    "test_destroy_full_group": (
-        "destroy_process_group(group) reads group.group_name, which a Python ProcessGroup "
-        "without a registered C++ backend cannot answer ('ProcessGroup name not set')"
-    ),
-}
+TOPO_XFAIL: dict[str, str] = {}
 """Known failures on "topo" (not strict: they pass once the backend is fixed)."""
 
 BACKENDS = ("gloo", "topo")

@@ -305,6 +305,30 @@ class TopoProcessGroup(dist.ProcessGroup):
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
 
+    # c10d names every group it creates (``_set_group_name``) and later reads the name back,
+    # e.g. in ``destroy_process_group(group)``; the base class answers from a C++ backend that
+    # a Python group does not register, so the group keeps its name and description itself.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+        super()._set_group_name(name)
+
+    @property
+    def group_name(self) -> str:
+        """The name c10d gave this group."""
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise CollectiveError(f"rank {self._group_rank}: this topo group was not given a name by torch.distributed")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+        super()._set_group_desc(desc)
+
+    @property
+    def group_desc(self) -> str:
+        """The description c10d gave this group ("undefined" before it gives one)."""
+        return getattr(self, "_group_desc", "undefined")
+
     @property
     def topology(self) -> Topology:
         """The topology the group's schedules are made for."""
