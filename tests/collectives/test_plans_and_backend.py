@@ -3,6 +3,7 @@ one-rank group (all in this process)."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,8 @@ import torch.distributed as dist
 
 from tests.collectives.handmade import hand_planner, ring
 from topocoll.collectives import BACKEND_NAME, TopoProcessGroup, TopoWork, register
-from topocoll.collectives.plans import ScheduleSource, check_digests, size_bucket
+from topocoll.collectives.failure import AgreedError
+from topocoll.collectives.plans import ScheduleSource, announce_topology_error, check_digests, size_bucket
 from topocoll.errors import CollectiveError, SolverError
 from topocoll.solver.schedule import Collective
 from topocoll.topo.discover import flat_topology
@@ -80,6 +82,67 @@ def test_a_planner_failure_reaches_the_other_ranks():
         ScheduleSource(topology, NODES, 0, shared, failing).schedule(Collective.ALLREDUCE, None, 8)
     with pytest.raises(CollectiveError, match="cannot reach"):
         ScheduleSource(topology, NODES, 2, shared, failing).schedule(Collective.ALLREDUCE, None, 8)
+
+
+def _store_key(topology, collective: Collective, bucket: int) -> str:
+    return f"schedule/{topology.digest()}/{collective.value}/None/{bucket}"
+
+
+@pytest.mark.parametrize("change", ["destination", "reduce-to-copy", "dropped-step", "no-digest"])
+def test_a_tampered_schedule_in_the_store_is_refused_by_the_rank_that_reads_it(change):
+    topology = flat_topology(3)
+    shared = store()
+    good = hand_planner(topology, Collective.ALLREDUCE, NODES, None, 8).to_json_dict()
+    if change == "destination":  # the last step delivers a final value: it goes to the wrong rank
+        transfer = good["steps"][-1][0]
+        transfer["dst"] = next(r for r in range(3) if r not in (transfer["src"], transfer["dst"]))
+        transfer["path"] = [transfer["path"][0], transfer["path"][1], NODES[transfer["dst"]]]
+    elif change == "reduce-to-copy":
+        next(t for step in good["steps"] for t in step if t["op"] == "reduce")["op"] = "copy"
+    elif change == "dropped-step":
+        del good["steps"][0]
+    else:
+        good["topology_digest"] = ""
+    shared.set(_store_key(topology, Collective.ALLREDUCE, 8), json.dumps({"schedule": good}))
+    reader = ScheduleSource(topology, NODES, 1, shared, hand_planner)
+    with pytest.raises(CollectiveError, match="not valid" if change != "no-digest" else "no topology digest"):
+        reader.schedule(Collective.ALLREDUCE, None, 8)
+
+
+def test_a_custom_planners_invalid_schedule_is_refused_on_rank_zero_and_the_others_are_told():
+    topology = flat_topology(3)
+    shared = store()
+
+    def dropping(topo, collective, ranks, root, size_bytes):
+        good = hand_planner(topo, collective, ranks, root, size_bytes)
+        return type(good)(good.collective, good.ranks, good.root, good.topology_digest, good.chunks, good.steps[1:], "dropped")
+
+    with pytest.raises(AgreedError, match="not valid"):
+        ScheduleSource(topology, NODES, 0, shared, dropping).schedule(Collective.ALLREDUCE, None, 8)
+    with pytest.raises(AgreedError, match="not valid"):
+        ScheduleSource(topology, NODES, 2, shared, dropping).schedule(Collective.ALLREDUCE, None, 8)
+
+
+def test_a_schedule_is_verified_once_however_often_it_is_needed(monkeypatch):
+    import importlib
+
+    verify_module = importlib.import_module("topocoll.solver.verify")  # the module, not the function
+
+    calls = []
+    real = verify_module.verify
+    monkeypatch.setattr(verify_module, "verify", lambda *a, **k: calls.append(1) or real(*a, **k))
+    source = ScheduleSource(flat_topology(3), NODES, 0, store(), hand_planner)
+    for count in (10, 11, 300, 301):  # two size buckets of the same hand-made schedule
+        source.program(Collective.ALLREDUCE, None, count, 4 * count)
+    assert len(calls) == 1
+
+
+def test_a_rank_whose_topology_failed_is_named_by_the_others():
+    shared = store()
+    announce_topology_error(shared, 2, "bad.json: line 1: not JSON")
+    shared.set("topology_digest/1", flat_topology(3).digest())
+    with pytest.raises(CollectiveError, match=r"rank 2 could not load its topology: bad.json: line 1: not JSON"):
+        check_digests(shared, 0, 3, flat_topology(3).digest())
 
 
 def test_a_schedule_never_published_times_out_with_collective_error():

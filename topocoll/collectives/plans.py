@@ -24,7 +24,7 @@ from typing import Any
 
 from topocoll.collectives.failure import AgreedError
 from topocoll.collectives.lower import RankProgram, lower
-from topocoll.errors import CollectiveError, TopocollError
+from topocoll.errors import CollectiveError, ScheduleError, TopocollError
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.topo.model import Topology
 
@@ -260,6 +260,9 @@ class ScheduleSource:
         if digest not in self._verified:
             from topocoll.solver.verify import verify
 
-            verify(schedule, self._topology).raise_if_failed(f"rank {self._rank}: the {collective.value} schedule {schedule.name!r}")
+            try:
+                verify(schedule, self._topology).raise_if_failed(f"the {collective.value} schedule {schedule.name!r}")
+            except ScheduleError as exc:
+                raise CollectiveError(f"rank {self._rank}: {exc}") from None
             self._verified.add(digest)
 

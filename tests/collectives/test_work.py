@@ -1,0 +1,64 @@
+"""``TopoWork``: a failed operation's handle raises a fresh error and keeps nothing else alive."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from topocoll.collectives.failure import FailedError, Failure, FailureKind
+from topocoll.collectives.work import TopoWork
+from topocoll.errors import CollectiveError
+
+
+class _Owner:
+    """Stands for the process group: what a failing frame holds."""
+
+
+def _failing_work() -> tuple[TopoWork, weakref.ref]:
+    owner = _Owner()
+
+    def body(group: _Owner) -> None:
+        raise CollectiveError("rank 1: allreduce: collective #3 failed")
+
+    try:
+        body(owner)
+    except CollectiveError as exc:
+        work = TopoWork([torch.zeros(2)], exc)
+    return work, weakref.ref(owner)
+
+
+def test_wait_raises_a_fresh_error_every_time_with_type_and_message():
+    work, _ = _failing_work()
+    with pytest.raises(CollectiveError, match="collective #3 failed") as first:
+        work.wait()
+    with pytest.raises(CollectiveError, match="collective #3 failed") as second:
+        work.wait()
+    assert first.value is not second.value
+    assert not work.is_success() and work.is_completed()
+    with pytest.raises(CollectiveError):
+        work.get_future().wait()
+
+
+def test_a_failed_handle_does_not_keep_the_failing_frames_alive():
+    work, owner = _failing_work()
+    gc.collect()
+    assert owner() is None, "the handle keeps the failing call's frames (and the group) alive"
+    with pytest.raises(CollectiveError):
+        work.wait()
+
+
+def test_a_failure_is_raised_again_as_a_collective_error_naming_the_culprit():
+    failure = Failure(2, 0, 1, FailureKind.ABSENT, "rank 0 waited 1 s for rank(s) [1]")
+    work = TopoWork([], FailedError("rank 0: " + failure.describe(), failure))
+    with pytest.raises(CollectiveError, match=r"collective #2 failed: rank 1 did not arrive \(rank 0 waited 1 s"):
+        work.wait()
+
+
+def test_a_successful_handle():
+    result = [torch.ones(3)]
+    work = TopoWork(result)
+    assert work.wait() and work.is_success()
+    assert work.get_future().wait()[0] is result[0]
