@@ -373,7 +373,8 @@ class ShmTransport:
         return None
 
     def _raise_posted_failure(self, first: list[int]) -> None:
-        failure = self.posted_failure(first) or self.posted_failure()
+        """Raise the failure a peer posted, if any (looking at the peers in ``first`` first)."""
+        failure = self.posted_failure(list(first) + [p for p in self._peer_mailboxes if p not in first])
         if failure is not None:
             raise FailedError(f"rank {self._rank}: {failure.describe()}", failure)
 
