@@ -582,7 +582,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         tensor = tensors[0] if len(tensors) == 1 else torch.empty(0)
         self._agree(operation, tensor.numel(), tensor.dtype, reduce.code if reduce else -1, 0, error, layout)
         reduce = reduce or _parse_reduce_op(op)  # _agree raised already when op is invalid
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        work = tensor if _packed(tensor) else _packed_copy(tensor)
         flat = work.view(-1)
         self._run(Collective.ALLREDUCE, flat, reduce, None)
         if reduce.average and flat.numel():
@@ -620,7 +620,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         error = self._validate(tensors) or self._root_error(root)
         tensor = tensors[0] if len(tensors) == 1 else torch.empty(0)
         self._agree("broadcast", tensor.numel(), tensor.dtype, -1, root, error)
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        work = tensor if _packed(tensor) else _packed_copy(tensor)
         self._run(Collective.BROADCAST, _bytes_view(work), None, root)
         if work is not tensor:
             tensor.copy_(work)
@@ -638,7 +638,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         reduce = reduce or _parse_reduce_op(op)  # _agree raised already when op is invalid
         is_root = self._group_rank == root
         # Other ranks' inputs stay untouched: the schedule may add partial sums into them.
-        work = tensor if is_root and tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
+        work = tensor if is_root and _packed(tensor) else _packed_copy(tensor)
         flat = work.view(-1)
         self._run(Collective.REDUCE, flat, reduce, root)
         if is_root:
@@ -929,8 +929,24 @@ def _layout(tensors: Sequence[torch.Tensor]) -> int:
 
 
 def _raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The bytes of ``tensor`` as a flat uint8 tensor (a view when it is contiguous)."""
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
+    """The bytes of ``tensor`` as a flat uint8 tensor (a view when it is packed)."""
+    return (tensor if _packed(tensor) else _packed_copy(tensor)).reshape(-1).view(torch.uint8)
+
+
+def _packed(tensor: torch.Tensor) -> bool:
+    """Whether the elements of ``tensor`` lie next to each other with unit stride.
+
+    torch calls a tensor of zero or one element contiguous whatever its strides, but a flat
+    view of it keeps the stride, and a byte view (``view(torch.uint8)``), or a transport that
+    reads memory, needs unit strides."""
+    return tensor.is_contiguous() and (tensor.numel() > 1 or all(s == 1 for s in tensor.stride()))
+
+
+def _packed_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` with packed, unit-stride storage."""
+    packed = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    packed.copy_(tensor)
+    return packed
 
 
 def _copy_bytes_into(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
@@ -938,7 +954,7 @@ def _copy_bytes_into(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> Non
     offset = 0
     for out in outputs:
         nbytes = out.numel() * out.element_size()
-        landing = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        landing = out if _packed(out) else torch.empty(out.shape, dtype=out.dtype, device=out.device)
         landing.reshape(-1).view(torch.uint8).copy_(flat[offset : offset + nbytes])
         if landing is not out:
             out.copy_(landing)
