@@ -4,6 +4,8 @@ one-rank group (all in this process)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -233,3 +235,39 @@ def test_import_order_and_cost_of_registration():
         for code in (after_torch, bare)
     ]
     assert outputs == ["True", "False"]  # registered after torch; a bare import does not load torch
+
+
+def test_without_shared_memory_a_broken_rank_tells_its_peers_through_the_header_channel():
+    """Two ranks as threads, gloo only. Rank 0's planner has a bug: rank 0's collective fails
+    and breaks its group; rank 1 raises the same error rank 0 published. At the next collective
+    rank 1's header exchange receives rank 0's abort header instead of waiting out the timeout."""
+    shared = store(10.0)
+    timeout = timedelta(seconds=10)
+    outcomes: dict[int, list] = {0: [], 1: []}
+
+    def buggy(topology, collective, ranks, root, size_bytes):
+        raise KeyError("a planner bug")
+
+    def rank_body(rank: int) -> None:
+        group = TopoProcessGroup(shared, rank, 2, timeout, topology=flat_topology(2), planner=buggy, shared_memory=False)
+        for _ in range(2):
+            start = time.monotonic()
+            try:
+                group.allreduce([torch.ones(8)]).wait()
+                outcomes[rank].append(("ok", time.monotonic() - start))
+            except CollectiveError as exc:
+                outcomes[rank].append((type(exc).__name__, str(exc), time.monotonic() - start))
+        group.shutdown()
+
+    threads = [threading.Thread(target=rank_body, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(len(outcomes[r]) == 2 for r in (0, 1)), outcomes
+    (first0, second0), (first1, second1) = outcomes[0], outcomes[1]
+    assert "a planner bug" in first0[1] and "a planner bug" in first1[1]
+    assert first1[0] == "AgreedError"  # rank 1 read rank 0's published error: still in step
+    assert second0[0] == "GroupBrokenError" and "collective #1 failed: it failed on rank 0" in second0[1]
+    assert "collective #1 failed: it failed on rank 0" in second1[1], second1
+    assert second1[2] < 5.0, f"rank 1 waited {second1[2]:.1f} s instead of reading the abort header"

@@ -106,6 +106,10 @@ _REDUCE_OPS: tuple[tuple[Any, Reduction, bool], ...] = (
 )
 """torch reduce op -> (reduction, divide by the group size afterwards)."""
 
+ABORT_OPERATION = -1
+"""Operation code of the header a broken rank sends its peers when they share no memory
+(then the header's words are: collective number, this code, origin, culprit, failure kind)."""
+
 HEADER_TAG = 0
 """Message tag of the argument headers (schedule messages start at ``lower.FIRST_TAG``)."""
 
@@ -260,6 +264,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._store = own_store
         self._sequence = 0
         self._failure: Failure | None = None
+        self._abort_sends: list[Any] = []
         self._operation = ""
         self._closed = False
         self._topology = topology
@@ -355,6 +360,7 @@ class TopoProcessGroup(dist.ProcessGroup):
                     inner.shutdown()
                 except RuntimeError as exc:  # a communicator that an error already tore down
                     logger.debug("rank %d: NCCL shutdown: %s", self._group_rank, exc)
+        self._abort_sends.clear()
         self._shm = self._cpu_sched = self._cpu_other = self._cuda_sched = self._cuda_other = None
         self._cpu_executor = self._cuda_executor = None
 
@@ -434,11 +440,28 @@ class TopoProcessGroup(dist.ProcessGroup):
                 self._store.compare_set(FAILURE_KEY, "", json.dumps(record))
             except Exception as exc:  # the store may have died with its host rank
                 logger.debug("rank %d: cannot record the failure in the store: %s", self._group_rank, exc)
-            if self._shm is not None:
+            if self._shm is not None and self._shm.has_mailboxes:
                 self._shm.post_failure(failure)
+            else:
+                self._send_abort_headers(failure)
             logger.warning("rank %d: %s", self._group_rank, failure.describe())
         operation = self._operation or "collective"
         return CollectiveError(f"rank {self._group_rank}: {operation}: {failure.describe()}")
+
+    def _send_abort_headers(self, failure: Failure) -> None:
+        """Without mailboxes, tell every peer through the header channel: a peer's next header
+        exchange receives this instead of a header and raises at once, instead of waiting out
+        the timeout for a header that never comes. (The sends are kept until shutdown.)"""
+        if self._cpu_sched is None:
+            return
+        words = [failure.sequence, ABORT_OPERATION, failure.origin, failure.culprit, int(failure.kind)]
+        header = torch.tensor(words + [0] * (len(_HEADER_FIELDS) + 1 - len(words)), dtype=torch.int64)
+        for peer in range(self._group_size):
+            if peer != self._group_rank:
+                try:
+                    self._abort_sends.append(self._cpu_sched.send([header], peer, HEADER_TAG))
+                except RuntimeError as exc:  # a dead peer's connection
+                    logger.debug("rank %d: cannot tell rank %d of the failure: %s", self._group_rank, peer, exc)
 
     def _follow_blame(self, failure: Failure) -> Failure:
         """Without mailboxes, find the rank really missing behind a silent peer.
@@ -506,9 +529,6 @@ class TopoProcessGroup(dist.ProcessGroup):
             # instead of a round of gloo messages.
             rows = self._shm.exchange_header(self._sequence, values, self._timeout)
         else:
-            stored = self._stored_failure()  # a peer's failure we would otherwise wait out
-            if stored is not None:
-                raise FailedError(stored.describe(), stored)
             rows = self._exchange_header_gloo(values)
         if local_error:
             raise AgreedError(f"rank {self._group_rank}: {operation}: {local_error}")
@@ -529,17 +549,27 @@ class TopoProcessGroup(dist.ProcessGroup):
         header = torch.tensor([sequence, *values], dtype=torch.int64)
         gathered = [header if r == self._group_rank else torch.empty_like(header) for r in range(self._group_size)]
         peers = [r for r in range(self._group_size) if r != self._group_rank]
-        receiving = {r: self._cpu_sched.recv([gathered[r]], r, HEADER_TAG) for r in peers}
-        sending = [self._cpu_sched.send([header], r, HEADER_TAG) for r in peers]
-        for peer, work in receiving.items():
-            try:
+        receiving: dict[int, Any] = {}
+        sending: list[tuple[int, Any]] = []
+        try:
+            for peer in peers:
+                receiving[peer] = self._cpu_sched.recv([gathered[peer]], peer, HEADER_TAG)
+            for peer in peers:
+                sending.append((peer, self._cpu_sched.send([header], peer, HEADER_TAG)))
+            for peer, work in receiving.items():
                 work.wait(self._timeout)
-            except RuntimeError as exc:
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                failure = Failure(sequence, self._group_rank, peer, FailureKind.ABSENT, f"no header from rank {peer}: {reason}")
-                raise FailedError(failure.describe(), failure) from None
-        for work in sending:
-            work.wait(self._timeout)
+                words = [int(v) for v in gathered[peer].tolist()]
+                if words[1] == ABORT_OPERATION:  # the peer broke: its header says how
+                    failure = Failure(words[0], words[2], words[3], FailureKind(words[4]))
+                    raise FailedError(failure.describe(), failure)
+            for peer, work in sending:
+                work.wait(self._timeout)
+        except FailedError:
+            raise
+        except RuntimeError as exc:  # posting to or waiting on ``peer`` failed: it is gone or late
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            failure = Failure(sequence, self._group_rank, peer, FailureKind.ABSENT, f"no header from rank {peer}: {reason}")
+            raise FailedError(failure.describe(), failure) from None
         rows = [[int(v) for v in g.tolist()] for g in gathered]
         elsewhere = [(r, row[0]) for r, row in enumerate(rows) if row[0] != sequence]
         if elsewhere:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-
 import torch
 import torch.distributed as dist
 
@@ -89,6 +88,3 @@ def _rebuildable(error: BaseException) -> tuple[type[BaseException], str]:
     except Exception:  # a constructor with other arguments: keep the message, not the type
         kind = RuntimeError
     return kind, message
-
-
-
