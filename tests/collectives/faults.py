@@ -256,6 +256,12 @@ def fault_worker(rank: int, n: int, workdir: str, out_file: str, kind: str, faul
         except Exception as exc:  # a peer died during set-up: this rank's set-up fails, fast
             report["init_error"] = f"{type(exc).__name__}: {exc}"
             report["init_s"] = time.monotonic() - start
+            # torch counted the group that failed to start (its name, hence its store prefix, is
+            # a counter that only destroy_process_group resets): start the recovery group's
+            # count where the ranks whose set-up succeeded will start theirs
+            dist.distributed_c10d._world.group_count = 0
+        else:
+            dist.barrier()  # every rank is set up before the faulty one misbehaves
         prefix = "topocoll-"  # set-up failed: no group name was agreed, any file would be a leak
         if "init_error" not in report:
             prefix = dist.group.WORLD._shm._prefix + "-" if dist.group.WORLD._shm is not None else prefix

@@ -129,7 +129,7 @@ def test_faults_through_the_inner_backend_alone(context, tmp_path, kind):
         reports = run_scenario(context, workdir, kind, fault, shared_memory=False)
         check(reports, kind, f"{fault} (gloo)")
         errors = first_errors(reports[:-1])
-        assert errors and all(CULPRIT.search(e) for e in errors), (kind, fault, errors)
+        assert len(errors) == WORLD - 1 and all(CULPRIT.search(e) for e in errors), (kind, fault, errors)
 
 
 @pytest.mark.multiprocess

@@ -260,6 +260,10 @@ class TopoProcessGroup(dist.ProcessGroup):
         except TopocollError as exc:
             announce_topology_error(own_store, rank, str(exc))  # so the other ranks say why
             raise
+        except OSError as exc:  # e.g. $TOPOCOLL_TOPOLOGY names a file this host does not have
+            message = f"rank {rank}: cannot read the topology {exc.filename}: {exc.strerror}"
+            announce_topology_error(own_store, rank, message)
+            raise CollectiveError(message) from None
         check_digests(own_store, rank, size, topology.digest())
         self._store = own_store
         self._sequence = 0
