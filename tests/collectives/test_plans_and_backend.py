@@ -244,6 +244,7 @@ def test_without_shared_memory_a_broken_rank_tells_its_peers_through_the_header_
     shared = store(10.0)
     timeout = timedelta(seconds=10)
     outcomes: dict[int, list] = {0: [], 1: []}
+    both_done = threading.Barrier(2, timeout=30)  # rank 0 stays alive (a rank that leaves closes its sockets)
 
     def buggy(topology, collective, ranks, root, size_bytes):
         raise KeyError("a planner bug")
@@ -257,6 +258,7 @@ def test_without_shared_memory_a_broken_rank_tells_its_peers_through_the_header_
                 outcomes[rank].append(("ok", time.monotonic() - start))
             except CollectiveError as exc:
                 outcomes[rank].append((type(exc).__name__, str(exc), time.monotonic() - start))
+        both_done.wait()
         group.shutdown()
 
     threads = [threading.Thread(target=rank_body, args=(r,)) for r in (0, 1)]
