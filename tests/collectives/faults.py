@@ -42,19 +42,6 @@ from topocoll.solver.schedule import Op, Schedule, Transfer
 from topocoll.topo.discover import flat_topology
 
 KINDS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "allgather_coalesced")
-FAULTS = (
-    "late-before",
-    "late-header",
-    "late-after",
-    "kill-setup",
-    "kill-first",
-    "kill-data",
-    "mismatch",
-    "bad-topology",
-    "tamper-dst",
-    "tamper-copy",
-    "tamper-drop",
-)
 COLLECTIVES = 4
 """Collectives per group: #1 runs clean, #2 carries the fault, #3 and #4 show what follows."""
 RECOVERY_RENDEZVOUS_S = 60.0
@@ -147,10 +134,9 @@ def _tampered_planner(how: str):
 class _Injector:
     """Patches this process's transport so that the faulty rank misbehaves at collective #2."""
 
-    def __init__(self, fault: str, timeout_s: float, shared_memory: bool) -> None:
+    def __init__(self, fault: str, timeout_s: float) -> None:
         self.fault = fault
         self.stall_s = timeout_s + 1.0
-        self.shared_memory = shared_memory
         self.sequence = 0
         self.active = True  # off for the recovery group
 
@@ -237,7 +223,7 @@ def fault_worker(rank: int, n: int, workdir: str, out_file: str, kind: str, faul
             json.dump(report, f)
 
     try:
-        injector = _Injector(fault, timeout_s, shared_memory)
+        injector = _Injector(fault, timeout_s)
         if faulty and fault in ("late-header", "late-after", "kill-setup", "kill-data"):
             injector.install()
         planner = _tampered_planner(fault) if fault.startswith("tamper") else None
