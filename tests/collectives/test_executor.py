@@ -132,3 +132,75 @@ def test_bitwise_reductions_of_floats_are_refused():
         check_reduction(Reduction.BXOR, torch.float16)
     check_reduction(Reduction.BXOR, torch.bool)
     check_reduction(Reduction.MIN, torch.bfloat16)
+
+
+def _gloo_groups(n: int):
+    """Real gloo backends for ``n`` ranks of this process (one thread each builds its own)."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    groups = [None] * n
+
+    def build(rank):
+        groups[rank] = dist.ProcessGroupGloo(store, rank, n, timedelta(seconds=10))
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(g is not None for g in groups)
+    return groups
+
+
+@pytest.mark.parametrize("builder", [ring, direct])
+def test_the_grouped_step_code_of_accelerators_runs_on_a_real_gloo_backend(builder):
+    """The step code CUDA tensors take (NCCL), on CPU: the calls go to a real c10d ``Backend``
+    object, so a wrong signature (``_start_coalescing(device)`` on a Backend, whose binding takes
+    none) or a call gloo lacks fails here, not first on a GPU."""
+    groups = _gloo_groups(4)
+    assert not any(g.supports_coalescing for g in groups)  # gloo: one Work per message
+    count = 1001
+    inputs = [torch.arange(count, dtype=torch.int64) * (r + 1) - r for r in range(4)]
+    buffers = [t.clone() for t in inputs]
+    programs = lower_all(builder(Collective.ALLREDUCE, NODES), count)
+    errors = {}
+
+    def body(rank):
+        try:
+            Executor(groups[rank], rank, timedelta(seconds=10), grouped=True).run(programs[rank], buffers[rank], Reduction.SUM)
+        except Exception as exc:  # collected for the assertion
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert all(torch.equal(b, sum(inputs)) for b in buffers)
+
+
+class _CoalescingGloo:
+    """A real gloo backend that claims to coalesce: the executor then makes the calls it makes on
+    NCCL, and gloo's own binding checks their signatures."""
+
+    supports_coalescing = True
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def _start_coalescing(self, *args):
+        return self._inner._start_coalescing(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_coalescing_calls_match_the_backend_binding():
+    (group,) = _gloo_groups(1)
+    program = lower_all(direct(Collective.ALLREDUCE, ("host0", "host1")), 8)[0]
+    # gloo's binding takes the call (no TypeError for a device argument) and answers that it
+    # does not coalesce: the call the executor makes is the one the Backend API has
+    with pytest.raises(CollectiveError, match="does not implement startCoalescing"):
+        Executor(_CoalescingGloo(group), 0, timedelta(seconds=2), grouped=True).run(program, torch.ones(8), Reduction.SUM)

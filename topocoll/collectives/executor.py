@@ -15,8 +15,8 @@ which the backend's header exchange does) and
 ``recv_apply(target, src, tag, apply)`` (an isolated reduction applied where the data lies, with
 no copy into scratch first).
 
-On CUDA tensors every step is issued as one group (``_start_coalescing`` /
-``_end_coalescing`` of the NCCL backend), and all receives are applied after the group.
+On CUDA tensors every step is issued as one group (``_start_coalescing()`` /
+``_end_coalescing()`` of the NCCL backend), and all receives are applied after the group.
 
 The scratch area is one grow-only tensor per (dtype, device), owned by the :class:`Executor`
 and reused across calls.
@@ -107,10 +107,14 @@ class Executor:
         This process's rank in ``transport`` (for messages).
     timeout : datetime.timedelta
         How long to wait for one message before giving up.
+    grouped : bool, optional
+        Run every step as one group of operations (:meth:`_run_step_grouped`). Default: for
+        tensors on accelerators (NCCL), not for CPU tensors.
     """
 
-    def __init__(self, transport: Any, rank: int, timeout: timedelta) -> None:
+    def __init__(self, transport: Any, rank: int, timeout: timedelta, *, grouped: bool | None = None) -> None:
         self._transport = transport
+        self._grouped = grouped
         self._rank = rank
         self._timeout = timeout
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -168,7 +172,7 @@ class Executor:
                 )
             except OSError as exc:
                 raise CollectiveError(f"rank {self._rank}: cannot stage {program.collective.value} data: {exc}") from exc
-        grouped = buffer.device.type != "cpu"
+        grouped = buffer.device.type != "cpu" if self._grouped is None else self._grouped
         self._sequence = sequence or 0
         for index, step in enumerate(program.steps):
             if grouped:
@@ -225,22 +229,32 @@ class Executor:
     def _run_step_grouped(
         self, index: int, step: ProgramStep, buffer: torch.Tensor, scratch: torch.Tensor, reduction: Reduction | None
     ) -> None:
-        """One step as one group of operations (NCCL: point-to-point calls issued one by one on a
-        pair's stream would let two ranks' receives wait for sends queued behind them)."""
-        device = buffer.device
+        """One step as one group of operations, every receive applied after the whole group.
+
+        NCCL: point-to-point calls issued one by one on a pair's stream would let two ranks'
+        receives wait for sends queued behind them, so a backend that ``supports_coalescing``
+        gets the step between ``_start_coalescing()`` and ``_end_coalescing()`` (c10d's
+        ``Backend`` methods, which take no device) and one Work for all of it. A backend without
+        coalescing (gloo) runs the same code with one Work per message, which is what lets the
+        CPU tests run this path on a real gloo backend.
+        """
         landings = [(recv, self._landing(recv, buffer, scratch)) for recv in step.recvs]
+        coalescing = bool(getattr(self._transport, "supports_coalescing", False))
         try:
-            self._transport._start_coalescing(device)
-            for recv, landing in landings:
-                self._transport.recv([landing], recv.peer, recv.tag)
-            for send in step.sends:
-                self._transport.send([buffer[send.start : send.stop]], send.peer, send.tag)
-            work = self._transport._end_coalescing(device)
-            self._wait(work, "grouped messages", index, None)
+            if coalescing:
+                self._transport._start_coalescing()
+            works = [(self._transport.recv([landing], recv.peer, recv.tag), f"receive from rank {recv.peer}", recv.peer)
+                     for recv, landing in landings]
+            works += [(self._transport.send([buffer[send.start : send.stop]], send.peer, send.tag), f"send to rank {send.peer}", send.peer)
+                      for send in step.sends]
+            if coalescing:
+                works = [(self._transport._end_coalescing(), "grouped messages", None)]
         except RuntimeError as exc:
             if isinstance(exc, CollectiveError):
                 raise
             raise CollectiveError(f"rank {self._rank}: step {index} failed: {exc}") from exc
+        for work, what, peer in works:
+            self._wait(work, what, index, peer)
         for recv, landing in landings:
             if recv.scratch_start is not None:
                 self._apply(recv, landing, buffer, reduction)
