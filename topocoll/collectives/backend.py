@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from topocoll.collectives.executor import Executor, Reduction, check_reduction
-from topocoll.collectives.failure import NO_RANK, AgreedError, FailedError, Failure, FailureKind, GroupBrokenError
+from topocoll.collectives.failure import NO_RANK, AgreedError, FailedError, Failure, FailureKind, GroupBrokenError, first_line
 from topocoll.collectives.plans import (
     DEFAULT_SEGMENT_BYTES,
     Planner,
@@ -571,7 +571,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         except FailedError:
             raise
         except RuntimeError as exc:  # posting to or waiting on ``peer`` failed: it is gone or late
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            reason = first_line(exc)
             failure = Failure(sequence, self._group_rank, peer, FailureKind.ABSENT, f"no header from rank {peer}: {reason}")
             raise FailedError(failure.describe(), failure) from None
         rows = [[int(v) for v in g.tolist()] for g in gathered]

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from topocoll.collectives.failure import NO_RANK, Failure, FailedError, FailureKind
+from topocoll.collectives.failure import NO_RANK, Failure, FailedError, FailureKind, first_line
 from topocoll.collectives.lower import ProgramStep, RankProgram, Recv
 from topocoll.errors import CollectiveError
 from topocoll.solver.schedule import Op
@@ -283,7 +283,7 @@ class Executor:
         except CollectiveError:
             raise  # the transport's own, naming the peer already
         except RuntimeError as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            reason = first_line(exc)
             detail = f"rank {self._rank}, step {step}: {what} failed: {reason}"
             if peer is None:
                 failure = Failure(self._sequence, self._rank, NO_RANK, FailureKind.ERROR, detail)

@@ -22,10 +22,16 @@ from dataclasses import dataclass
 
 from topocoll.errors import CollectiveError
 
-__all__ = ["AgreedError", "FailureKind", "Failure", "FailedError", "GroupBrokenError", "NO_RANK"]
+__all__ = ["first_line", "AgreedError", "FailureKind", "Failure", "FailedError", "GroupBrokenError", "NO_RANK"]
 
 NO_RANK = -1
 """``culprit`` of a failure no other rank is to blame for."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an inner backend's error (gloo's run to several), or its type's name."""
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 class FailureKind(enum.IntEnum):
