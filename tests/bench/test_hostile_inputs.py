@@ -115,13 +115,16 @@ def test_load_setup_verifies_the_schedule(files, change):
 
 def test_topology_environment_variable_path(monkeypatch, tmp_path):
     """The backend's ``TOPOCOLL_TOPOLOGY`` loader gets a FormatError, not a RecursionError."""
-    from topocoll.collectives.backend import TOPOLOGY_ENV, load_topology_for
+    from topocoll.collectives.backend import TOPOLOGY_ENV
+    from topocoll.collectives.placement import RankIdentity
+    from topocoll.collectives.topology_source import TopologySettings, group_topology
 
+    alone = [RankIdentity(0, 0, "a", "a", "cpu")]
     for kind in ("deep-xml", "deep-json", "fifo", "dev-zero"):
         path, fragment = TOPOLOGY_FILES[kind](tmp_path)
         monkeypatch.setenv(TOPOLOGY_ENV, str(path))
         with pytest.raises(FormatError, match=re.escape(fragment)):
-            load_topology_for(4)
+            group_topology(None, alone, 0, TopologySettings.from_env(os.environ))
 
 
 @pytest.mark.timeout(TIMEOUT_S)

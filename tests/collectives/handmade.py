@@ -89,13 +89,26 @@ def chain(
     return Schedule(collective, tuple(nodes), root, digest, _chunks(n, pieces), tuple(steps), name="hand-chain")
 
 
+def hub_of(topology, nodes) -> str:
+    """The node that every one of ``nodes`` has a link to: the hub of a flat topology, the CPU of
+    a discovered one-socket machine. The hand-made schedules route every transfer through it."""
+    common = None
+    for node in nodes:
+        neighbours = {link.dst for link in topology.links if link.src == node}
+        common = neighbours if common is None else common & neighbours
+    if not common:
+        raise ValueError(f"no node of {topology.name!r} links to every one of {list(nodes)}")
+    return sorted(common)[0]
+
+
 def hand_planner(topology, collective, ranks, root, size_bytes) -> Schedule:
     """A planner for :class:`TopoProcessGroup` that uses the schedules above."""
     nodes = tuple(ranks)
     digest = topology.digest()
+    hub = hub_of(topology, nodes)
     if collective in (Collective.BROADCAST, Collective.REDUCE):
-        return chain(collective, nodes, root, digest=digest)
-    return ring(collective, nodes, digest=digest)
+        return chain(collective, nodes, root, hub=hub, digest=digest)
+    return ring(collective, nodes, hub=hub, digest=digest)
 
 
 def direct(collective: Collective, nodes: tuple[str, ...], *, hub: str = "hub", digest: str = "") -> Schedule:

@@ -3,6 +3,8 @@ one-rank group (all in this process)."""
 
 from __future__ import annotations
 
+import socket
+
 import json
 import threading
 import time
@@ -19,6 +21,7 @@ from topocoll.collectives.plans import ScheduleSource, announce_topology_error, 
 from topocoll.errors import CollectiveError, SolverError
 from topocoll.solver.schedule import Collective
 from topocoll.topo.discover import flat_topology
+from topocoll.topo.model import NodeKind
 
 NODES = ("host0", "host1", "host2")
 
@@ -87,7 +90,33 @@ def test_a_planner_failure_reaches_the_other_ranks():
 
 
 def _store_key(topology, collective: Collective, bucket: int) -> str:
-    return f"schedule/{topology.digest()}/{collective.value}/None/{bucket}"
+    return f"schedule/{topology.digest()}/cpu/{collective.value}/None/{bucket}"
+
+
+def test_schedules_are_kept_per_device_type():
+    """CPU and CUDA tensors get schedules from their own planner (each weighs its own step
+    overhead) under their own store keys; rank 1 fetches each from rank 0."""
+    topology = flat_topology(3)
+    shared = store()
+    asked = []
+
+    def planner_for(device):
+        def planner(topo, collective, ranks, root, size_bytes):
+            asked.append(device)
+            return hand_planner(topo, collective, ranks, root, size_bytes)
+
+        return planner
+
+    zero = ScheduleSource(topology, NODES, 0, shared, planner_for("cpu"), cuda_planner=planner_for("cuda"))
+    one = ScheduleSource(topology, NODES, 1, shared, planner_for("cpu"), cuda_planner=planner_for("cuda"))
+    zero.schedule(Collective.ALLREDUCE, None, 8, "cpu")
+    zero.schedule(Collective.ALLREDUCE, None, 8, "cuda")
+    assert asked == ["cpu", "cuda"]
+    assert shared.check([f"schedule/{topology.digest()}/cuda/allreduce/None/8"])
+    assert one.schedule(Collective.ALLREDUCE, None, 8, "cuda").name == "hand-ring"
+    assert asked == ["cpu", "cuda"]  # rank 1 fetched, never planned
+    with pytest.raises(CollectiveError, match="no planner for xpu tensors"):
+        one.schedule(Collective.ALLREDUCE, None, 8, "xpu")
 
 
 @pytest.mark.parametrize("change", ["destination", "reduce-to-copy", "dropped-step", "no-digest"])
@@ -221,7 +250,10 @@ def test_one_rank_group_returns_inputs_and_checks_arguments(solo):
     solo._allgather_base(out, torch.ones(7)).get_future()
     assert bool((out == -1).all())
     assert solo.getBackendName() == "topo"
-    assert solo.nodes == ("host0",)
+    # no topology given: this machine was discovered, the rank is a process on its CPU
+    assert solo.nodes == ("proc0",)
+    assert solo.topology.node("proc0").host_id == socket.gethostname()
+    assert solo.topology.node("proc0").kind is NodeKind.HOST
 
 
 def test_import_order_and_cost_of_registration():

@@ -62,3 +62,39 @@ def test_a_successful_handle():
     work = TopoWork(result)
     assert work.wait() and work.is_success()
     assert work.get_future().wait()[0] is result[0]
+
+
+class _StubEvent:
+    """Stands for ``torch.cuda.Event`` (no CUDA here): records what the handle asks of it."""
+
+    def __init__(self, done: bool):
+        self.done, self.calls = done, []
+
+    def wait(self, stream):
+        self.calls.append(("wait", stream))
+
+    def query(self):
+        self.calls.append(("query",))
+        return self.done
+
+    def synchronize(self):
+        self.calls.append(("synchronize",))
+
+
+def test_cuda_handle_orders_the_callers_stream(monkeypatch):
+    """As NCCL's Work: wait() makes the current stream wait (no host block), synchronize()
+    blocks the host, is_completed() asks the event; a failed handle raises and has no event."""
+    streams = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams.append(device) or "stream")
+    event = _StubEvent(done=False)
+    result = [torch.zeros(2)]
+    work = TopoWork(result, event=event)
+    assert work.is_completed() is False
+    assert work.wait() is True
+    work.synchronize()
+    assert event.calls == [("query",), ("wait", "stream"), ("synchronize",)]
+    assert streams == [result[0].device]
+    failed = TopoWork(result, RuntimeError("boom"), event=_StubEvent(done=False))
+    assert failed.is_completed() is True
+    with pytest.raises(RuntimeError, match="boom"):
+        failed.wait()

@@ -19,7 +19,7 @@ import topocoll  # noqa: F401  (registers "topo")
 import topocoll.collectives  # noqa: F401
 from topocoll.collectives.backend import TopoOptions, TopoProcessGroup
 from topocoll.errors import CollectiveError
-from tests.collectives.handmade import direct, hand_planner
+from tests.collectives.handmade import direct, hand_planner, hub_of
 
 R = dist.ReduceOp
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -181,7 +181,7 @@ def other_schedules(checker: Checker, rank: int, n: int, gloo) -> None:
     def hand_direct(topology, collective, ranks, root, size_bytes):
         if collective.is_rooted:
             return hand_planner(topology, collective, ranks, root, size_bytes)
-        return direct(collective, tuple(ranks), digest=topology.digest())
+        return direct(collective, tuple(ranks), hub=hub_of(topology, ranks), digest=topology.digest())
 
     variants = (
         ("lp-nccl", TopoOptions(planner=lp_nccl)),
@@ -333,7 +333,8 @@ def subgroup(checker: Checker, rank: int, n: int) -> None:
         dist.all_reduce(theirs, group=sub_gloo)
         checker.expect(same(ours, theirs, torch.float32), "sub-group all_reduce")
         nodes = sub_topo.nodes if isinstance(sub_topo, TopoProcessGroup) else None
-        checker.expect(nodes == tuple(f"host{r}" for r in members), f"sub-group nodes {nodes}")
+        # the sub-group's own discovered machine: one process node per member, by group rank
+        checker.expect(nodes == tuple(f"proc{i}" for i in range(len(members))), f"sub-group nodes {nodes}")
 
 
 def ddp(checker: Checker, rank: int, topo, gloo) -> dict:

@@ -183,12 +183,15 @@ def test_help_has_examples(capsys):
     assert "--oversubscription" in out and "--nodes 4" in out
 
 
-def test_discover_falls_back_to_flat_only_when_asked(tmp_path, monkeypatch, capsys):
+def test_discover_without_gpus_writes_the_machine_and_flat_only_when_asked(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # NVML not installed
+    machine = tmp_path / "machine.json"
+    assert main(["topo", "discover", "-o", str(machine)]) == 0
+    found = Topology.from_json(machine.read_text())
+    assert found.compute_nodes() == () and found.summary_counts()["cpu"] >= 1
+    assert any("pynvml" in note for note in found.notes)
+    assert "pynvml" in capsys.readouterr().out  # the notes are shown
     out = tmp_path / "flat.json"
-    assert main(["topo", "discover", "-o", str(out)]) == 2
-    assert "--flat-world-size" in capsys.readouterr().err
-    assert not out.exists()
     assert main(["topo", "discover", "--flat-world-size", "3", "-o", str(out)]) == 0
     topo = Topology.from_json(out.read_text())
     assert topo.compute_nodes() == ("host0", "host1", "host2")

@@ -1,19 +1,38 @@
-"""Host discovery (NVML mocked at the pynvml boundary, sysfs as a fake tree) and the flat fallback."""
+"""Host discovery against fake machines built from real NCCL topology files, and the flat fallback.
+
+The fake machines (:mod:`tests.topo.fake_host`) are a sysfs tree, a ``cpuinfo`` and the real
+``pynvml`` module over a fake C library; discovering one must give what importing the file
+gives (:func:`comparable`), which is what NCCL itself made of that machine.
+"""
 
 from __future__ import annotations
 
-import sys
-import types
+import os
+import re
 from pathlib import Path
 
 import pytest
 
+from tests.topo.fake_host import (
+    DEVICE_TYPE_GPU,
+    DEVICE_TYPE_SWITCH,
+    FakeGpu,
+    FakeHost,
+    FakeLink,
+    FakeNvmlLibrary,
+    host_from_nccl_xml,
+    nvml_busid,
+)
+from tests.topo.fixtures import TOPOLOGY_DIR
 from topocoll.errors import TopologyError
+from topocoll.topo import bandwidth as bw
 from topocoll.topo import discover
 from topocoll.topo.discover import discover_host, flat_topology, normalize_busid
-from topocoll.topo.model import LinkKind, NodeKind
+from topocoll.topo.model import LinkKind, NodeKind, Topology
+from topocoll.topo.nccl_xml import parse_nccl_xml
 
 GB = 1e9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12  # nvml.h
 
 
 # ------------------------------------------------------------------------------ flat
@@ -50,174 +69,236 @@ def test_flat_single_rank_and_errors():
         flat_topology(2, latency_s=-1.0)
 
 
-# ------------------------------------------------------------------------- fake NVML
-class _NVMLError(Exception):
-    pass
-
-
-def _fake_nvml(gpus: list[dict], *, init_error: bool = False) -> types.ModuleType:
-    """A stand-in for the pynvml module: GPUs described as dicts (busid, links, cc, gen, width)."""
-    module = types.ModuleType("pynvml")
-    module.NVMLError = _NVMLError
-    module.NVML_FEATURE_ENABLED = 1
-    module.NVML_FEATURE_DISABLED = 0
-    module.NVML_NVLINK_MAX_LINKS = 18
-    module.calls = []
-
-    def init():
-        module.calls.append("init")
-        if init_error:
-            raise _NVMLError("Driver Not Loaded")
-
-    def pci(busid: str):
-        return types.SimpleNamespace(busId=busid.encode())
-
-    def link_entry(handle, link):
-        links = gpus[handle]["links"]
-        if link >= len(links):
-            raise _NVMLError("Not Supported")
-        return links[link]
-
-    def state(handle, link):
-        remote = link_entry(handle, link)
-        return 0 if remote is None else 1
-
-    def remote_pci(handle, link):
-        remote = link_entry(handle, link)
-        if remote is None:
-            raise _NVMLError("Not Supported")
-        return pci(remote)
-
-    def not_supported(*_):
-        raise _NVMLError("Not Supported")
-
-    module.nvmlInit = init
-    module.nvmlShutdown = lambda: module.calls.append("shutdown")
-    module.nvmlDeviceGetCount = lambda: len(gpus)
-    module.nvmlDeviceGetHandleByIndex = lambda i: i
-    module.nvmlDeviceGetPciInfo = lambda h: pci(gpus[h]["busid"])
-    module.nvmlDeviceGetName = lambda h: gpus[h].get("name", "Tesla V100-SXM2-16GB")
-    module.nvmlDeviceGetCudaComputeCapability = lambda h: gpus[h]["cc"] if gpus[h].get("cc") else not_supported()
-    module.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: gpus[h]["gen"] if gpus[h].get("gen") else not_supported()
-    module.nvmlDeviceGetMaxPcieLinkWidth = lambda h: gpus[h]["width"] if gpus[h].get("width") else not_supported()
-    module.nvmlDeviceGetNvLinkState = state
-    module.nvmlDeviceGetNvLinkRemotePciInfo = remote_pci
-    return module
-
-
-def _sysfs(root: Path, numa: dict[str, int]) -> Path:
-    for busid, node in numa.items():
-        device = root / "bus" / "pci" / "devices" / busid
-        device.mkdir(parents=True)
-        (device / "numa_node").write_text(f"{node}\n")
-    return root
-
-
-BUS = ["00000000:07:00.0", "00000000:0A:00.0", "00000000:85:00.0", "00000000:89:00.0"]
-SYSFS_BUS = ["0000:07:00.0", "0000:0a:00.0", "0000:85:00.0", "0000:89:00.0"]
-
-
-def _four_v100() -> list[dict]:
-    # gpu0-gpu1 one link, gpu0-gpu2 two links, gpu1-gpu3 one link, gpu2-gpu3 two links;
-    # one disabled link on gpu3; each GPU reports its own end of every link
-    wiring = {0: [1, 2, 2], 1: [0, 3], 2: [0, 0, 3, 3], 3: [1, 2, 2, None]}
-    return [
-        {"busid": BUS[g], "links": [None if r is None else BUS[r] for r in remotes], "cc": (7, 0), "gen": 3, "width": 16}
-        for g, remotes in wiring.items()
-    ]
-
-
-def test_discover_reads_gpus_nvlinks_pcie_and_numa(monkeypatch, tmp_path):
-    fake = _fake_nvml(_four_v100())
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    sysfs = _sysfs(tmp_path, dict(zip(SYSFS_BUS, [0, 0, 1, 1])))
-    topo = discover_host(sysfs_root=sysfs, host_id="nodeA")
-    assert topo is not None
-    assert fake.calls == ["init", "shutdown"]
-    assert topo.compute_nodes() == ("gpu0", "gpu1", "gpu2", "gpu3")
-    for g in range(4):
-        node = topo.node(f"gpu{g}")
-        assert (node.rank, node.busid, node.numa, node.host_id) == (g, SYSFS_BUS[g], [0, 0, 1, 1][g], "nodeA")
-    per_link = 25 * GB  # NVLink 2 (compute capability 7.0): 300 GB/s over 6 links, both ways
-    expected = {("gpu0", "gpu1"): 1, ("gpu0", "gpu2"): 2, ("gpu1", "gpu3"): 1, ("gpu2", "gpu3"): 2}
-    nvlinks = {(l.src, l.dst): l for l in topo.links if l.kind is LinkKind.NVLINK}
-    assert len(nvlinks) == 2 * len(expected)
-    for (a, b), count in expected.items():
-        for link in (nvlinks[a, b], nvlinks[b, a]):
-            assert link.count == count
-            assert link.bw_bytes_per_s == pytest.approx(count * per_link)
-    # PCIe Gen3 x16 to the CPU of the GPU's NUMA node: 8 GT/s * 128/130 * 16 lanes / 8 bits
-    assert topo.link("gpu2", "cpu1").bw_bytes_per_s == pytest.approx(8e9 * 128 / 130 * 16 / 8)
-    assert topo.link("gpu0", "cpu0").kind is LinkKind.PCIE
-    assert topo.link("cpu0", "cpu1").kind is LinkKind.SMP
-    assert not topo.nodes_of(NodeKind.NVSWITCH)
-
-
-def test_discover_nvswitch_remote_ends(monkeypatch, tmp_path):
-    switches = ["00000000:C1:00.0", "00000000:C2:00.0"]
-    gpus = [
-        {"busid": BUS[g], "links": [switches[0]] * 2 + [switches[1]] * 2, "cc": (9, 0), "gen": 5, "width": 16, "name": "NVIDIA H100 80GB HBM3"}
-        for g in range(2)
-    ]
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(gpus))
-    topo = discover_host(sysfs_root=_sysfs(tmp_path, {SYSFS_BUS[0]: 0, SYSFS_BUS[1]: 0}), host_id="h")
-    switch_nodes = topo.nodes_of(NodeKind.NVSWITCH)
-    assert sorted(n.busid for n in switch_nodes) == ["0000:c1:00.0", "0000:c2:00.0"]
-    for g in range(2):
-        out = [l for l in topo.links if l.src == f"gpu{g}" and l.kind is LinkKind.NVLINK]
-        assert sorted(l.count for l in out) == [2, 2]
-        assert sum(l.bw_bytes_per_s for l in out) == pytest.approx(4 * 25 * GB)
-    assert topo.link("gpu0", "cpu0").bw_bytes_per_s == pytest.approx(32e9 * 128 / 130 * 16 / 8)
-
-
-def test_discover_notes_what_it_could_not_read(monkeypatch, tmp_path):
-    gpus = [{"busid": BUS[g], "links": [], "cc": None} for g in range(2)]
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(gpus))
-    topo = discover_host(sysfs_root=tmp_path, host_id="h")  # empty sysfs: no NUMA
-    assert topo.node("gpu0").numa is None
-    notes = " ".join(topo.notes)
-    assert "NUMA" in notes and "PCIe generation/width not reported" in notes and "no active NVLink" in notes
-
-
-def test_discover_infiniband_adapters(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(_four_v100()))
-    sysfs = _sysfs(tmp_path, dict(zip(SYSFS_BUS, [0, 0, 1, 1])))
-    device = sysfs / "bus" / "pci" / "devices" / "0000:86:00.0"
-    device.mkdir()
-    (device / "numa_node").write_text("1\n")
-    (device / "max_link_speed").write_text("16.0 GT/s PCIe\n")
-    (device / "max_link_width").write_text("16\n")
-    ib = sysfs / "class" / "infiniband" / "mlx5_0"
-    (ib / "ports" / "1").mkdir(parents=True)
-    (ib / "ports" / "1" / "rate").write_text("200 Gb/sec (4X HDR)\n")
-    (ib / "device").symlink_to(device)
-    topo = discover_host(sysfs_root=sysfs, host_id="h")
-    nic = topo.node("nic0")
-    assert (nic.busid, nic.numa) == ("0000:86:00.0", 1)
-    assert "200 Gb/s" in nic.name
-    assert topo.link("nic0", "cpu1").bw_bytes_per_s == pytest.approx(16e9 * 128 / 130 * 16 / 8)
-
-
-def test_no_pynvml_means_none(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
-    assert discover_host() is None
-
-
-def test_nvml_init_failure_means_none(monkeypatch):
-    fake = _fake_nvml([], init_error=True)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    assert discover_host() is None
-
-
-def test_no_gpu_means_none(monkeypatch):
-    fake = _fake_nvml([])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    assert discover_host() is None
-    assert fake.calls == ["init", "shutdown"]
-
 
 def test_normalize_busid():
     assert normalize_busid(b"00000000:07:00.0") == "0000:07:00.0"
     assert normalize_busid("0000:8A:00.1") == "0000:8a:00.1"
     assert normalize_busid("07:00.0") == "0000:07:00.0"
     assert discover.FLAT_HUB_ID == "hub"
+
+
+# ------------------------------------------------------------- discovery == import
+def comparable(topology: Topology):
+    """Nodes and links of ``topology`` as far as a machine can tell them.
+
+    Left out: notes and names of topologies; the GPU's rank (a property of the run that wrote
+    the file, not of the machine: GPUs are named by bus id here) and name (NVML's, absent from
+    NCCL files); ``host_id``; and NICs outside any PCI device, which NCCL's socket transport
+    lists for virtual interfaces (bridges, veths) and discovery leaves out.
+    """
+    socket_nics = {n.id for n in topology.nodes if n.kind is NodeKind.NIC and n.busid is None}
+    gone = socket_nics | {link.dst for link in topology.links if link.src in socket_nics and link.kind is LinkKind.NET}
+    name = {n.id: f"gpu@{n.busid}" if n.kind is NodeKind.GPU else n.id for n in topology.nodes}
+    nodes = sorted(
+        (name[n.id], n.kind.value, n.numa, n.busid or "", "" if n.kind is NodeKind.GPU else n.name or "")
+        for n in topology.nodes
+        if n.id not in gone
+    )
+    links = sorted(
+        (name[l.src], name[l.dst], l.kind.value, round(l.bw_bytes_per_s), l.count, l.latency_s)
+        for l in topology.links
+        if l.src not in gone and l.dst not in gone
+    )
+    return nodes, links
+
+
+def gpu_xml_fixtures() -> list[str]:
+    """NCCL topology files in the fixtures that describe GPUs (not the skeletons clouds ship)."""
+    names = []
+    for path in sorted(TOPOLOGY_DIR.glob("*.nccl-topo.xml")):
+        if any(n.kind is NodeKind.GPU for n in parse_nccl_xml(path.read_text(), path.name).nodes):
+            names.append(path.name)
+    return names
+
+
+def discover_fake(host: FakeHost, **options) -> Topology:
+    return discover_host(host.sysfs, host.proc, host_id="fake", nvml=host.nvml, arch=host.arch, **options)
+
+
+def test_every_gpu_fixture_is_covered():
+    names = gpu_xml_fixtures()
+    assert len(names) >= 12
+    assert {"hgx-h800-8gpu-8nic.nccl-topo.xml", "modal-b200-vm-gvisor.nccl-topo.xml"} <= set(names)
+    assert "aws-p5.48xlarge-h100.nccl-topo.xml" not in names  # a skeleton: PCI switches only
+
+
+@pytest.mark.parametrize("name", gpu_xml_fixtures())
+def test_discovery_equals_import(name, tmp_path):
+    text = (TOPOLOGY_DIR / name).read_text()
+    host = host_from_nccl_xml(text, tmp_path)
+    found = discover_fake(host)
+    expected = parse_nccl_xml(text, name)
+    got_nodes, got_links = comparable(found)
+    want_nodes, want_links = comparable(expected)
+    assert got_nodes == want_nodes
+    assert got_links == want_links
+    assert found.name == "discovered:fake"
+    assert all(n.host_id == "fake" for n in found.nodes if n.kind is not NodeKind.NET_SWITCH)
+    gpus = sorted((n for n in found.nodes if n.kind is NodeKind.GPU), key=lambda n: n.busid)
+    assert [n.rank for n in gpus] == list(range(len(gpus)))  # NVML's bus-id order
+    sms = {int(s) for s in re.findall(r'sm="(\d+)"', text)}
+    if any(sm >= 90 for sm in sms) and "<nvlink" in text:
+        # sm >= 90 GPUs answer the link state only through field values
+        assert "nvmlDeviceGetFieldValues" in host.library.calls
+        assert "nvmlDeviceGetNvLinkState" not in host.library.calls  # it answers NOT_SUPPORTED there
+
+
+def test_h800_nvswitches_and_nics(tmp_path):
+    """Read off the file: 8 H800 (sm 90), each with 4 NVLinks to each of 4 NVSwitches (18 GB/s
+    x 4 = ... per link figure of NVLink 4), 8 NICs of 400 Gb/s."""
+    text = (TOPOLOGY_DIR / "hgx-h800-8gpu-8nic.nccl-topo.xml").read_text()
+    topo = discover_fake(host_from_nccl_xml(text, tmp_path))
+    counts = topo.summary_counts()
+    assert counts["gpu"] == 8 and counts["nvswitch"] == 4 and counts["nic"] == 8
+    per_link = bw.nvlink_bw_bytes_per_s(bw.nvlink_generation_for_sm(90))
+    for gpu in ("gpu0", "gpu7"):
+        to_switches = [l for l in topo.links if l.src == gpu and l.kind is LinkKind.NVLINK]
+        assert sorted(l.count for l in to_switches) == [2, 2, 2, 2]
+        assert all(l.bw_bytes_per_s == pytest.approx(2 * per_link) for l in to_switches)
+    nets = [l for l in topo.links if l.kind is LinkKind.NET and l.src.startswith("nic")]
+    assert len(nets) == 8 and all(l.bw_bytes_per_s == bw.net_bw_bytes_per_s(400e9) for l in nets)
+
+
+# ---------------------------------------------------------------- NVML, NCCL's rules
+def one_gpu_machine(tmp_path: Path, gpus: list[FakeGpu], **options) -> FakeHost:
+    """A one-socket machine with ``gpus`` directly on root ports (Gen5 x16)."""
+    pci = "".join(
+        f'<pci busid="{g.busid}" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16"/>' for g in gpus
+    )
+    xml = f'<system version="1"><cpu numaid="0" vendor="GenuineIntel" familyid="6" modelid="143" arch="x86_64">{pci}</cpu></system>'
+    host = host_from_nccl_xml(xml, tmp_path)
+    host.library = FakeNvmlLibrary(gpus, **options)
+    return host
+
+
+def test_all_36_link_indices_are_asked(tmp_path):
+    # a GPU whose NVLinks use indices up to 35 (nvidia-ml-py's NVML_NVLINK_MAX_LINKS)
+    switch = "0000:c0:00.0"
+    links = [FakeLink(nvml_busid(switch), DEVICE_TYPE_SWITCH) for _ in range(36)]
+    topo = discover_fake(one_gpu_machine(tmp_path, [FakeGpu("0000:07:00.0", 100, links=links)]))
+    (link,) = [l for l in topo.links if l.src == "gpu0" and l.kind is LinkKind.NVLINK]
+    assert link.count == 36 and topo.node(link.dst).busid == switch
+
+
+def test_links_without_p2p_or_down_are_left_out(tmp_path):
+    a, b = "0000:07:00.0", "0000:08:00.0"
+    links_a = [
+        FakeLink(nvml_busid(b), DEVICE_TYPE_GPU),
+        FakeLink(nvml_busid(b), DEVICE_TYPE_GPU, p2p=False),
+        FakeLink(nvml_busid(b), DEVICE_TYPE_GPU, active=False),
+    ]
+    for sm in (80, 90):  # the link state through nvmlDeviceGetNvLinkState, then field values
+        root = tmp_path / str(sm)
+        gpus = [FakeGpu(a, sm, links=links_a), FakeGpu(b, sm, links=[FakeLink(nvml_busid(a), DEVICE_TYPE_GPU)])]
+        topo = discover_fake(one_gpu_machine(root, gpus))
+        assert topo.link("gpu0", "gpu1").count == 1
+        assert topo.link("gpu1", "gpu0").count == 1
+
+
+def test_remote_type_asked_and_inferred_on_old_drivers(tmp_path):
+    a, b, switch = "0000:07:00.0", "0000:08:00.0", "0000:c0:00.0"
+    gpus = [
+        FakeGpu(a, 80, links=[FakeLink(nvml_busid(b), DEVICE_TYPE_GPU), FakeLink(nvml_busid(switch), DEVICE_TYPE_SWITCH)]),
+        FakeGpu(b, 80, links=[FakeLink(nvml_busid(a), DEVICE_TYPE_GPU), FakeLink(nvml_busid(switch), DEVICE_TYPE_SWITCH)]),
+    ]
+    asked = discover_fake(one_gpu_machine(tmp_path / "new", gpus))
+    old = discover_fake(one_gpu_machine(tmp_path / "old", gpus, missing={"nvmlDeviceGetNvLinkRemoteDeviceType"}))
+    assert comparable(asked) == comparable(old)
+    assert asked.node("nvswitch0").busid == switch
+    assert asked.link("gpu0", "gpu1").kind is LinkKind.NVLINK
+
+
+def test_lost_gpu_is_left_out_with_a_note(tmp_path):
+    gpus = [FakeGpu("0000:07:00.0", 80), FakeGpu("0000:08:00.0", 80, lost=True)]
+    topo = discover_fake(one_gpu_machine(tmp_path, gpus))
+    assert [n.busid for n in topo.nodes if n.kind is NodeKind.GPU] == ["0000:07:00.0"]
+    assert any("GPU 1 (NVML index)" in note and "left out" in note for note in topo.notes)
+
+
+def test_nvml_missing_gives_the_cpu_layout(tmp_path):
+    text = (TOPOLOGY_DIR / "rtx4090-2gpu-2numa.nccl-topo.xml").read_text()
+    host = host_from_nccl_xml(text, tmp_path)
+    host.library.init_error = NVML_ERROR_LIBRARY_NOT_FOUND
+    topo = discover_fake(host)
+    assert not [n for n in topo.nodes if n.kind is NodeKind.GPU]
+    assert [n.id for n in topo.nodes if n.kind is NodeKind.CPU] == ["cpu2", "cpu3"]  # the file's numaids
+    assert topo.link("cpu2", "cpu3").kind is LinkKind.SMP
+    assert any(note.startswith("NVML did not start") for note in topo.notes)
+    assert any("NVIDIA GPU(s) in sysfs" in note for note in topo.notes)  # the file's GPUs have vendor 0x10de
+    assert topo.summary_counts()["nic"] == 2  # the NICs are still there
+
+
+def test_programming_errors_are_not_swallowed(tmp_path):
+    host = one_gpu_machine(tmp_path, [FakeGpu("0000:07:00.0", 80)])
+    module = host.nvml
+    del module.nvmlDeviceGetNvLinkCapability  # as a misspelt call would be
+    with pytest.raises(AttributeError):
+        discover_host(host.sysfs, host.proc, host_id="h", nvml=module)
+
+
+def test_sm90_gpu_never_reports_state_but_through_fields(tmp_path):
+    a, b = "0000:07:00.0", "0000:08:00.0"
+    gpus = [FakeGpu(a, 90, links=[FakeLink(nvml_busid(b), DEVICE_TYPE_GPU)]), FakeGpu(b, 90, links=[FakeLink(nvml_busid(a), DEVICE_TYPE_GPU)])]
+    host = one_gpu_machine(tmp_path, gpus, missing={"nvmlDeviceGetNvLinkState"})
+    topo = discover_fake(host)
+    assert topo.link("gpu0", "gpu1").bw_bytes_per_s == bw.nvlink_bw_bytes_per_s(bw.nvlink_generation_for_sm(90))
+
+
+# ------------------------------------------------------------------------- sysfs
+def test_cpu_only_machine_is_its_numa_layout(tmp_path):
+    xml = (
+        '<system version="1">'
+        '<cpu numaid="0" vendor="GenuineIntel" familyid="6" modelid="143" arch="x86_64"/>'
+        '<cpu numaid="1" vendor="GenuineIntel" familyid="6" modelid="143" arch="x86_64"/>'
+        "</system>"
+    )
+    host = host_from_nccl_xml(xml, tmp_path)
+    host.library.init_error = NVML_ERROR_LIBRARY_NOT_FOUND
+    topo = discover_fake(host)
+    assert [n.id for n in topo.nodes] == ["cpu0", "cpu1"]
+    assert topo.node("cpu0").name == "GenuineIntel x86_64 family 6 model 143"
+    assert topo.link("cpu0", "cpu1").bw_bytes_per_s == bw.smp_bw_for_cpu("GenuineIntel", 6, 143)
+    assert topo.compute_nodes() == ()
+
+
+def test_unreadable_entries_degrade_with_notes(tmp_path):
+    text = (TOPOLOGY_DIR / "rtx4090-2gpu-2numa.nccl-topo.xml").read_text()
+    host = host_from_nccl_xml(text, tmp_path)
+    gpu = host.sysfs / "bus" / "pci" / "devices" / "0000:01:00.0"
+    for name in ("max_link_speed", "max_link_width"):
+        os.remove(gpu / name)
+        os.remove(Path(os.path.realpath(gpu)).parent / name)
+    (gpu / "numa_node").write_text("-1\n")  # the top device of its chain
+    ib = next((host.sysfs / "class" / "infiniband").iterdir())
+    (ib / "ports" / "1" / "state").write_text("1: DOWN\n")
+    os.remove(host.proc / "cpuinfo")
+    topo = discover_fake(host)
+    gpu0 = next(n for n in topo.nodes if n.busid == "0000:01:00.0")
+    (up,) = [l for l in topo.links if l.src == gpu0.id and l.kind is LinkKind.PCIE]
+    assert up.bw_bytes_per_s == bw.pcie_bw_bytes_per_s(3, 16)
+    notes = " | ".join(topo.notes)
+    assert "0000:01:00.0: PCIe max_link_speed/max_link_width not readable" in notes
+    assert "0000:01:00.0: NUMA node unknown" in notes
+    assert f"{ib.name} port 1 is DOWN: left out" in notes
+    assert "CPU vendor unknown" in notes
+
+
+def test_plain_ethernet_nic_and_virtual_interfaces(tmp_path):
+    xml = (
+        '<system version="1"><cpu numaid="0" vendor="AuthenticAMD" familyid="25" modelid="1" arch="x86_64">'
+        '<pci busid="0000:41:00.0" class="0x020000" link_speed="16.0 GT/s PCIe" link_width="8">'
+        '<nic><net name="eth0" speed="25000"/></nic></pci>'
+        '<nic><net name="docker0" speed="10000"/></nic>'
+        "</cpu></system>"
+    )
+    host = host_from_nccl_xml(xml, tmp_path)
+    assert (host.sysfs / "class" / "net" / "docker0").is_dir()
+    topo = discover_fake(host)
+    assert [n.name for n in topo.nodes if n.kind is NodeKind.NIC] == ["eth0"]
+    assert topo.link("nic0", "net0").bw_bytes_per_s == bw.net_bw_bytes_per_s(25e9)
+    assert topo.link("nic0", "cpu0").bw_bytes_per_s == bw.pcie_bw_bytes_per_s(4, 8)
+
+
+def test_this_machine_discovers_without_error():
+    topo = discover_host()  # whatever this machine is: never None, never an exception
+    assert topo.summary_counts()["cpu"] >= 1

@@ -15,6 +15,7 @@ the table (stdout) and progress (stderr), and writes ``-J``/``--csv``/``--plot``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import platform
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     setup = parser.add_argument_group("what to run")
     setup.add_argument(
         "--topology", metavar="FILE",
-        help="topology file; needed across several hosts (default: this host's GPUs with --device cuda, else a flat one)",
+        help="topology file (default: for --backend topo, what the backend discovers on every host; else a flat one)",
     )
     setup.add_argument("--schedule", metavar="FILE", help="run this schedule (JSON) instead of synthesizing one")
     setup.add_argument("--backend", default="topo", choices=BACKENDS, help="backend under test (default topo)")
@@ -245,19 +246,12 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
 
         topology = load_topology(config.topology_path)
         source = config.topology_path
+    elif config.backend == "topo" and not config.schedule_path:
+        # the backend discovers the machines and places the ranks; the run takes both from it
+        return Setup(None, (), None, "discovered by the topo backend")
     else:
-        topology = None
-        if config.device == "cuda":
-            from topocoll.topo.discover import discover_host
-
-            topology = discover_host()
-            source = "discovered on this host"
-            if topology is not None and len(topology.compute_nodes()) < world_size:
-                log.warning("the host topology has %d GPUs for %d ranks; using a flat one", len(topology.compute_nodes()), world_size)
-                topology = None
-        if topology is None:
-            topology = flat_topology(world_size)
-            source = "flat: CPU processes on one shared-memory hub, assumed bandwidth"
+        topology = flat_topology(world_size)
+        source = "flat: CPU processes on one shared-memory hub, assumed bandwidth"
     compute = topology.compute_nodes()
     if len(compute) < world_size:
         raise BenchArgumentError(
@@ -273,11 +267,8 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
         schedule = load_schedule(path)
         if schedule.collective is not config.spec.collective:
             raise BenchArgumentError(f"{path}: schedule is for {schedule.collective.value}, the benchmark runs {config.spec.collective.value}")
-        if schedule.ranks != nodes:
-            raise BenchArgumentError(
-                f"{path}: schedule ranks {', '.join(schedule.ranks[:4])}{' ...' if len(schedule.ranks) > 4 else ''} "
-                f"differ from the run's {', '.join(nodes[:4])}{' ...' if len(nodes) > 4 else ''} ({world_size} ranks)"
-            )
+        if len(schedule.ranks) != world_size:
+            raise BenchArgumentError(f"{path}: schedule is for {len(schedule.ranks)} ranks, the run has {world_size}")
         require_topology_digest(schedule, path)
         if schedule.topology_digest != topology.digest():
             raise BenchArgumentError(f"{path}: schedule was made for another topology ({schedule.topology_digest[:19]}...)")
@@ -300,6 +291,20 @@ def cut_bound_time_fn(setup: Setup, config: BenchConfig):
         log.warning("no cut bound for this run: %s", exc)
         return lambda size_bytes: None
     return bound.time_s
+
+
+def _placed(setup: Setup, group: Any, config: BenchConfig) -> tuple[Setup, str | None]:
+    """The setup with the topology and rank placement of the "topo" group, or the reason a
+    given schedule does not fit that placement."""
+    placed = dataclasses.replace(setup, topology=group.topology, nodes=tuple(group.nodes))
+    schedule = setup.schedule
+    if schedule is not None and tuple(schedule.ranks) != placed.nodes:
+        return placed, (
+            f"{config.schedule_path}: schedule ranks {', '.join(schedule.ranks[:4])}{' ...' if len(schedule.ranks) > 4 else ''} "
+            f"differ from where the ranks run ({', '.join(placed.nodes[:4])}{' ...' if len(placed.nodes) > 4 else ''}); "
+            "make it with --ranks in that order"
+        )
+    return placed, None
 
 
 def _schedule_planner(schedule: Any):
@@ -385,6 +390,10 @@ def _run(launch: Launch, config: BenchConfig, setup: Setup, argv: list[str]) -> 
         pg_options = TopoOptions(topology=setup.topology, planner=planner)
     init_distributed(launch, config.backend, config.timeout_s, pg_options)
     try:
+        if config.backend == "topo":
+            setup, error = _placed(setup, dist.group.WORLD, config)
+            if error is not None:  # the same on every rank: the placement is agreed
+                return _fail(rank, error, 2)
         timeout = timedelta(seconds=config.timeout_s)
         meta = dist.new_group(backend="gloo", timeout=timeout)
         baseline_group = None

@@ -30,9 +30,13 @@ Operations run to completion in the calling thread; the returned :class:`TopoWor
 and its ``wait()`` raises the operation's error. ``async_op=True`` is accepted but does not
 overlap communication with computation.
 
-The topology is read from the file named by the environment variable ``TOPOCOLL_TOPOLOGY``
-(contract-1 JSON); without it every rank is taken to be a CPU process on one shared-memory hub
-(:func:`topocoll.topo.discover.flat_topology`).
+The topology and where each rank runs on it are settled at group creation
+(:mod:`topocoll.collectives.topology_source`): every rank publishes its machine and device
+through the store, the topology is the one of the group's options, the file
+``$TOPOCOLL_TOPOLOGY`` names, or else discovered (each machine by its lowest rank, NVML and
+sysfs, ``$NCCL_TOPO_FILE`` completed where set) and assembled into a cluster, and every rank is
+placed on it by identity (:mod:`topocoll.collectives.placement`). ``TOPOCOLL_DEBUG=INFO`` logs
+what was found and chosen (:mod:`topocoll.collectives.debug`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from topocoll.collectives.debug import DEBUG_ENV, configure_logging
 from topocoll.collectives.executor import Executor, Reduction, check_reduction
 from topocoll.collectives.failure import NO_RANK, AgreedError, FailedError, Failure, FailureKind, GroupBrokenError, first_line
 from topocoll.collectives.plans import (
@@ -60,23 +65,25 @@ from topocoll.collectives.plans import (
     ScheduleSource,
     announce_topology_error,
     check_digests,
+    cuda_planner,
     default_planner,
 )
+from topocoll.collectives.placement import exchange_identities, local_identity
 from topocoll.collectives.shm import ShmTransport
+from topocoll.collectives.topology_source import TOPOLOGY_ENV, TopologySettings, dump_topology, group_topology, summary
 from topocoll.collectives.work import TopoWork
 from topocoll.errors import CollectiveError, TopocollError
 from topocoll.solver.schedule import Collective
+from topocoll.topo.host import host_identity
+from topocoll.topo.merge import planning_warnings
 from topocoll.topo.model import Topology
 
-__all__ = ["BACKEND_NAME", "TOPOLOGY_ENV", "TopoOptions", "TopoProcessGroup", "register", "load_topology_for"]
+__all__ = ["BACKEND_NAME", "TOPOLOGY_ENV", "TopoOptions", "TopoProcessGroup", "register"]
 
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "topo"
 """The name to pass to ``dist.init_process_group`` / ``dist.new_group``."""
-
-TOPOLOGY_ENV = "TOPOCOLL_TOPOLOGY"
-"""Environment variable naming the topology file every rank loads."""
 
 _DTYPES: tuple[torch.dtype, ...] = (
     torch.float16,
@@ -174,24 +181,6 @@ def _check_reduce(reduce: _Reduce, dtype: torch.dtype) -> None:
         raise CollectiveError(f"ReduceOp.AVG needs a floating-point tensor, got {dtype} (sum and divide yourself)")
 
 
-def load_topology_for(world_size: int) -> Topology:
-    """The topology this process uses: ``$TOPOCOLL_TOPOLOGY`` or the flat one for ``world_size``.
-
-    Raises
-    ------
-    TopocollError
-        The file cannot be read or is not a valid topology.
-    """
-    path = os.environ.get(TOPOLOGY_ENV)
-    if path:
-        from topocoll.topo.io import load_topology
-
-        return load_topology(path)
-    from topocoll.topo.discover import flat_topology
-
-    return flat_topology(world_size)
-
-
 class TopoProcessGroup(dist.ProcessGroup):
     """A torch.distributed process group that runs topocoll schedules.
 
@@ -207,11 +196,11 @@ class TopoProcessGroup(dist.ProcessGroup):
     timeout : datetime.timedelta
         How long any message or store read may wait.
     global_ranks : sequence of int, optional
-        Global rank of each group rank (default ``range(size)``); global rank ``g`` runs on the
-        ``g``-th compute node of the topology.
+        Global rank of each group rank (default ``range(size)``).
     topology : Topology, optional
-        The topology (default :func:`load_topology_for` the world size). Every rank must pass an
-        equal one; this is checked.
+        The topology (default: ``$TOPOCOLL_TOPOLOGY``, else discovered). Every rank must pass
+        an equal one; this is checked. Ranks are placed on it by identity
+        (:func:`topocoll.collectives.placement.map_ranks`).
     planner : Planner, optional
         Makes schedules on rank 0 (default :func:`topocoll.solver.plan`).
     segment_bytes : int or None
@@ -222,8 +211,8 @@ class TopoProcessGroup(dist.ProcessGroup):
     Raises
     ------
     CollectiveError
-        The ranks loaded different topologies, or the topology has fewer compute nodes than the
-        group needs.
+        The ranks loaded different topologies, discovery failed on some machine, or a rank
+        cannot be placed (its device is not in the topology, it shares a GPU with another).
     """
 
     def __init__(
@@ -247,16 +236,12 @@ class TopoProcessGroup(dist.ProcessGroup):
         if len(ranks) != size:
             raise CollectiveError(f"rank {rank}: {len(ranks)} global ranks given for a group of {size}")
         own_store = dist.PrefixStore("topocoll", store)
+        configure_logging(os.environ.get(DEBUG_ENV))
+        settings = TopologySettings.from_env(os.environ)
+        identity = local_identity(rank, ranks[rank], host_identity(override=settings.host_id))
         try:
-            if topology is None:
-                world = dist.get_world_size() if dist.is_initialized() else size
-                topology = load_topology_for(max(world, max(ranks) + 1))
-            compute = topology.compute_nodes()
-            if max(ranks) >= len(compute):
-                raise CollectiveError(
-                    f"rank {rank}: topology {topology.name or '(unnamed)'} has {len(compute)} compute nodes, "
-                    f"global rank {max(ranks)} needs at least {max(ranks) + 1}"
-                )
+            identities = exchange_identities(own_store, identity, size)
+            topology, nodes = group_topology(own_store, identities, rank, settings, topology)
         except TopocollError as exc:
             announce_topology_error(own_store, rank, str(exc))  # so the other ranks say why
             raise
@@ -265,6 +250,7 @@ class TopoProcessGroup(dist.ProcessGroup):
             announce_topology_error(own_store, rank, message)
             raise CollectiveError(message) from None
         check_digests(own_store, rank, size, topology.digest())
+        self._log_topology(topology, nodes, identities, settings)
         self._store = own_store
         self._sequence = 0
         self._failure: Failure | None = None
@@ -273,7 +259,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._topology = topology
         self._schedules = ScheduleSource(
-            topology, tuple(compute[g] for g in ranks), rank, own_store, planner or default_planner, segment_bytes
+            topology, nodes, rank, own_store, planner or default_planner, segment_bytes, cuda_planner=planner or cuda_planner
         )
         self._shm: ShmTransport | None = None
         self._cpu_sched: Any = None
@@ -282,6 +268,8 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._cuda_sched: Any = None
         self._cuda_other: Any = None
         self._cuda_executor: Executor | None = None
+        self._cuda_connect: tuple[Any, int, int, timedelta] | None = None
+        self._cuda_device: torch.device | None = None  # of the last CUDA collective (for barrier)
         try:
             self._connect(store, rank, size, timeout, shared_memory)
         except BaseException:
@@ -289,6 +277,23 @@ class TopoProcessGroup(dist.ProcessGroup):
             # shared memory) now, not when the exception's traceback lets go of this object
             self.shutdown()
             raise
+
+    def _log_topology(self, topology: Topology, nodes: tuple[str, ...], identities: Sequence[Any], settings: TopologySettings) -> None:
+        """Say where the topology came from and where this rank runs; write the dump file."""
+        rank = self._group_rank
+        logger.info("%s runs on node %s of %s", identities[rank].describe(), nodes[rank], summary(topology))
+        if rank == 0:
+            for note in topology.notes:
+                logger.info("rank 0: topology note: %s", note)
+            for warning in planning_warnings(topology):  # said whatever TOPOCOLL_DEBUG is
+                logger.warning("rank 0: %s", warning)
+        if settings.dump_file and identities[rank].global_rank == settings.dump_rank:
+            try:
+                dump_topology(topology, settings.dump_file)
+            except (TopocollError, OSError) as exc:  # the run goes on without its dump
+                logger.warning("rank %d: cannot write the topology dump %s: %s", rank, settings.dump_file, exc)
+            else:
+                logger.info("rank %d: wrote the group's topology to %s", rank, settings.dump_file)
 
     def _connect(self, store: Any, rank: int, size: int, timeout: timedelta, shared_memory: bool) -> None:
         # Two inner groups: one carries only our schedule traffic and headers, so that user
@@ -299,12 +304,26 @@ class TopoProcessGroup(dist.ProcessGroup):
             self._shm = ShmTransport(self._cpu_sched, rank, size, dist.PrefixStore("topocoll/shm", store), timeout)
             weakref.finalize(self, self._shm.close)
         self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout)
-        if torch.cuda.is_available() and dist.is_nccl_available():
+        self._cuda_connect = (store, rank, size, timeout)  # NCCL groups: on the first CUDA tensor
+
+    def _cuda_groups(self) -> tuple[Any, Any, Executor]:
+        """The NCCL inner groups and their executor, made on the first collective on a CUDA tensor.
+
+        Every rank calls the same collectives in the same order, so every rank makes them at the
+        same call; a group that never sees a CUDA tensor never starts NCCL.
+        """
+        if self._cuda_executor is None:
+            if self._cuda_connect is None:
+                raise CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
+            if not (torch.cuda.is_available() and dist.is_nccl_available()):
+                raise CollectiveError(f"rank {self._group_rank}: CUDA tensors need torch with CUDA and NCCL")
+            store, rank, size, timeout = self._cuda_connect
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
+            options._timeout = timeout  # enforced by NCCL's watchdog: waits on the GPU take none
             self._cuda_sched = dist.ProcessGroupNCCL(dist.PrefixStore("topocoll/nccl-sched", store), rank, size, options)
             self._cuda_other = dist.ProcessGroupNCCL(dist.PrefixStore("topocoll/nccl-other", store), rank, size, options)
             self._cuda_executor = Executor(self._cuda_sched, rank, timeout)
+        return self._cuda_sched, self._cuda_other, self._cuda_executor
 
     # ------------------------------------------------------------------ identification
     def getBackendName(self) -> str:  # noqa: N802 (name fixed by torch)
@@ -366,7 +385,7 @@ class TopoProcessGroup(dist.ProcessGroup):
                     logger.debug("rank %d: NCCL shutdown: %s", self._group_rank, exc)
         self._abort_sends.clear()
         self._shm = self._cpu_sched = self._cpu_other = self._cuda_sched = self._cuda_other = None
-        self._cpu_executor = self._cuda_executor = None
+        self._cpu_executor = self._cuda_executor = self._cuda_connect = None
 
     def abort(self) -> None:
         """Same as :meth:`shutdown`: operations run in the calling thread, so none is in flight
@@ -379,15 +398,17 @@ class TopoProcessGroup(dist.ProcessGroup):
             raise CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
         if tensor.device.type == "cpu":
             return self._cpu_executor
-        if tensor.device.type == "cuda" and self._cuda_executor is not None:
-            return self._cuda_executor
+        if tensor.device.type == "cuda":
+            self._cuda_device = tensor.device
+            return self._cuda_groups()[2]
         raise CollectiveError(f"rank {self._group_rank}: tensors on {tensor.device} are not supported")
 
     def _other(self, tensors: Sequence[torch.Tensor]) -> Any:
         if self._cpu_other is None:
             raise CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
-        if tensors and tensors[0].device.type == "cuda" and self._cuda_other is not None:
-            return self._cuda_other
+        if tensors and tensors[0].device.type == "cuda":
+            self._cuda_device = tensors[0].device
+            return self._cuda_groups()[1]
         return self._cpu_other
 
     def _complete(self, result: list[torch.Tensor], body: Callable[[], None], *, scheduled: bool = True) -> TopoWork:
@@ -417,6 +438,10 @@ class TopoProcessGroup(dist.ProcessGroup):
             return TopoWork(result, error)
         if scheduled and self._shm is not None:
             self._shm.mark_done(self._sequence)
+        if result and result[0].device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(result[0].device))  # after the work just enqueued
+            return TopoWork(result, event=event)
         return TopoWork(result)
 
     # ------------------------------------------------------------------ failures
@@ -585,7 +610,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         if buffer.numel() == 0 or self._group_size == 1:
             return  # nothing to move (a group of one holds every result already)
         size_bytes = buffer.numel() * buffer.element_size()
-        program = self._schedules.program(collective, root, buffer.numel(), size_bytes)
+        program = self._schedules.program(collective, root, buffer.numel(), size_bytes, buffer.device.type)
         self._executor(buffer).run(program, buffer, reduce.reduction if reduce else None, sequence=self._sequence)
 
     def _validate(self, tensors: Sequence[torch.Tensor], *, reduce: _Reduce | None = None) -> str | None:
@@ -807,10 +832,17 @@ class TopoProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ handed to the inner backend
     def barrier(self, opts: Any = None) -> Any:
-        """Barrier of the inner backend (after every earlier scheduled collective completed)."""
+        """Barrier of the inner backend, after every earlier collective of this rank completed.
+
+        CPU collectives complete before they return; CUDA ones are only enqueued, so the GPU
+        work of this group is finished first (as NCCL's barrier does), and once the barrier
+        returns every rank's earlier collectives are done.
+        """
         unusable = self._unusable()
         if unusable is not None:
             return TopoWork([], unusable)
+        if self._cuda_device is not None:
+            torch.cuda.synchronize(self._cuda_device)
         options = dist.BarrierOptions()
         options.timeout = self._timeout
         return self._cpu_sched.barrier(options)

@@ -254,7 +254,7 @@ class Executor:
                 raise
             raise CollectiveError(f"rank {self._rank}: step {index} failed: {exc}") from exc
         for work, what, peer in works:
-            self._wait(work, what, index, peer)
+            self._wait(work, what, index, peer, stream_ordered=True)
         for recv, landing in landings:
             if recv.scratch_start is not None:
                 self._apply(recv, landing, buffer, reduction)
@@ -277,9 +277,19 @@ class Executor:
         else:
             combine(reduction, target, landing)
 
-    def _wait(self, work: Any, what: str, step: int, peer: int | None) -> None:
+    def _wait(self, work: Any, what: str, step: int, peer: int | None, *, stream_ordered: bool = False) -> None:
+        """Wait for one Work; ``stream_ordered`` (the grouped path) calls ``wait()`` without a
+        timeout: on NCCL that makes the current CUDA stream wait for the messages and returns at
+        once, so the host enqueues the whole program and the GPU orders it (the receives' local
+        reductions run on the current stream after their messages, the next step's messages after
+        them), and the timeout is the NCCL watchdog's (the inner groups are made with the group's
+        timeout). ``wait(timeout)`` would block the host on every step. On gloo both forms block
+        the host, ``wait()`` up to the group's own timeout."""
         try:
-            work.wait(self._timeout)
+            if stream_ordered:
+                work.wait()
+            else:
+                work.wait(self._timeout)
         except CollectiveError:
             raise  # the transport's own, naming the peer already
         except RuntimeError as exc:

@@ -28,7 +28,7 @@ from topocoll.errors import CollectiveError, ScheduleError, TopocollError
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.topo.model import Topology
 
-__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "check_digests", "announce_topology_error"]
+__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "cuda_planner", "check_digests", "announce_topology_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,17 @@ def default_planner(
 
     # the value, not the member: plan() parses str arguments, and Collective members are str
     return plan(topology, collective.value, list(ranks), root=root, size_bytes=size_bytes, per_message_overhead_s=STEP_OVERHEAD_S)
+
+
+def cuda_planner(
+    topology: Topology, collective: Collective, ranks: tuple[str, ...], root: int | None, size_bytes: int | None
+) -> Schedule:
+    """Synthesize for CUDA tensors: steps costed at the solver's default, NCCL's per-message
+    figure (:data:`topocoll.solver.DEFAULT_PER_MESSAGE_OVERHEAD_S`), since the steps run as NCCL
+    point-to-point kernels ordered on the GPU, not through gloo's host round trips."""
+    from topocoll.solver import plan
+
+    return plan(topology, collective.value, list(ranks), root=root, size_bytes=size_bytes)
 
 
 def size_bucket(size_bytes: int) -> int:
@@ -132,9 +143,12 @@ class ScheduleSource:
     store : torch.distributed.Store
         A store private to the group (a ``PrefixStore``); rank 0 publishes schedules there.
     planner : Planner
-        Makes a schedule; only rank 0 calls it.
+        Makes a schedule for CPU tensors; only rank 0 calls it.
     segment_bytes : int or None
         Largest message of a lowered program in bytes (None: no limit).
+    cuda_planner : Planner, optional
+        Makes a schedule for CUDA tensors (default: ``planner``). Schedules are kept and
+        published per device type, since the step overhead the planner weighs differs.
     """
 
     def __init__(
@@ -145,6 +159,7 @@ class ScheduleSource:
         store: Any,
         planner: Planner,
         segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
+        cuda_planner: Planner | None = None,
     ) -> None:
         if segment_bytes is not None and (isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1):
             raise CollectiveError(f"segment_bytes must be a positive integer or None, got {segment_bytes!r}")
@@ -154,18 +169,19 @@ class ScheduleSource:
         self._nodes = tuple(nodes)
         self._rank = rank
         self._store = store
-        self._planner = planner
-        self._schedules: dict[tuple[Collective, int | None, int], Schedule] = {}
+        self._planners = {"cpu": planner, "cuda": cuda_planner or planner}
+        self._schedules: dict[tuple[Collective, int | None, int, str], Schedule] = {}
         self._verified: set[str] = set()  # JSON digests of the schedules that passed verification
-        self._programs: OrderedDict[tuple[Collective, int | None, int, int, int], RankProgram] = OrderedDict()
+        self._programs: OrderedDict[tuple[Collective, int | None, int, int, int, str], RankProgram] = OrderedDict()
 
     @property
     def nodes(self) -> tuple[str, ...]:
         """Topology node of each group rank."""
         return self._nodes
 
-    def program(self, collective: Collective, root: int | None, count: int, size_bytes: int) -> RankProgram:
-        """The program of this rank for ``collective`` on ``count`` elements (``size_bytes`` bytes).
+    def program(self, collective: Collective, root: int | None, count: int, size_bytes: int, device: str = "cpu") -> RankProgram:
+        """The program of this rank for ``collective`` on ``count`` elements (``size_bytes`` bytes)
+        of tensors on ``device`` (``"cpu"`` or ``"cuda"``).
 
         Raises
         ------
@@ -173,12 +189,12 @@ class ScheduleSource:
             Rank 0 could not make a schedule, or the schedule does not fit this rank's topology.
         """
         bucket = size_bucket(size_bytes)
-        key = (collective, root, bucket, count, size_bytes)
+        key = (collective, root, bucket, count, size_bytes, device)
         program = self._programs.get(key)
         if program is not None:
             self._programs.move_to_end(key)
             return program
-        schedule = self.schedule(collective, root, bucket)
+        schedule = self.schedule(collective, root, bucket, device)
         segment = None
         if self._segment_bytes is not None and count:
             segment = max(1, self._segment_bytes * count // max(size_bytes, 1))
@@ -188,26 +204,47 @@ class ScheduleSource:
             self._programs.popitem(last=False)
         return program
 
-    def schedule(self, collective: Collective, root: int | None, bucket: int) -> Schedule:
-        """The group's schedule for ``collective`` in size bucket ``bucket`` (bytes)."""
-        key = (collective, root, bucket)
+    def schedule(self, collective: Collective, root: int | None, bucket: int, device: str = "cpu") -> Schedule:
+        """The group's schedule for ``collective`` in size bucket ``bucket`` (bytes) on ``device``."""
+        if device not in self._planners:
+            raise CollectiveError(f"rank {self._rank}: no planner for {device} tensors")
+        key = (collective, root, bucket, device)
         cached = self._schedules.get(key)
         if cached is not None:
             return cached
-        store_key = f"schedule/{self._digest}/{collective.value}/{root}/{bucket}"
+        store_key = f"schedule/{self._digest}/{device}/{collective.value}/{root}/{bucket}"
         if self._rank == 0:
-            schedule, text = self._plan_and_publish(store_key, collective, root, bucket)
+            schedule, text = self._plan_and_publish(store_key, collective, root, bucket, device)
         else:
             schedule, text = self._fetch(store_key)
             self._check(schedule, text, collective, root)
         self._schedules[key] = schedule
+        if self._rank == 0 and logger.isEnabledFor(logging.INFO):
+            logger.info("rank 0: %s (%s tensors)", self._describe(schedule, bucket), device)
         return schedule
 
-    def _plan_and_publish(self, store_key: str, collective: Collective, root: int | None, bucket: int) -> tuple[Schedule, str]:
+    def _describe(self, schedule: Schedule, bucket: int) -> str:
+        """What ``TOPOCOLL_DEBUG=INFO`` says about a schedule: its shape and share of the bound."""
+        from topocoll.solver.bound import cut_bound
+        from topocoll.solver.verify import verify
+
+        head = f"{schedule.collective.value} up to {bucket} bytes: schedule {schedule.name!r}, {len(schedule.steps)} steps"
+        try:
+            bound = cut_bound(self._topology, schedule.collective, self._nodes, schedule.root)
+            t_bw = verify(schedule, self._topology).t_bw_s_per_byte
+        except TopocollError as exc:  # a report must not fail the collective
+            return f"{head} (no bound: {exc})"
+        if t_bw <= 0:
+            return head
+        return f"{head}, {100.0 * bound.time_per_byte_s / t_bw:.2f} % of the cut bound ({1e-9 / bound.time_per_byte_s:.2f} GB/s algbw)"
+
+    def _plan_and_publish(
+        self, store_key: str, collective: Collective, root: int | None, bucket: int, device: str
+    ) -> tuple[Schedule, str]:
         """Plan, check and verify on rank 0, then publish the schedule or the reason there is none
         (so every rank raises the same error at the same collective)."""
         try:
-            schedule = self._planner(self._topology, collective, self._nodes, root, bucket)
+            schedule = self._planners[device](self._topology, collective, self._nodes, root, bucket)
             text = json.dumps({"schedule": schedule.to_json_dict()})
             self._check(schedule, text, collective, root)
         except TopocollError as exc:

@@ -130,7 +130,9 @@ def run_synthesize(args: argparse.Namespace) -> int:
         topology, collective, ranks, root, size, per_message_overhead_s=args.overhead_us * 1e-6, options=options
     )
     elapsed = time.perf_counter() - started
-    for warning in result.warnings:
+    from topocoll.topo.merge import planning_warnings
+
+    for warning in [*planning_warnings(topology), *result.warnings]:
         print(f"topocoll: warning: {warning}", file=sys.stderr)
     report_size = size if size is not None else 1 << 28
     chosen = result.chosen

@@ -40,6 +40,8 @@ examples:
   topocoll topo preset dgx-h100 -o h100.json
   topocoll topo preset dgx-a100 --nodes 16 --network fat-tree --oversubscription 2 -o a100x16.json
   topocoll topo list-presets
+  topocoll topo discover -o node.json              # this machine (NVML, sysfs)
+  topocoll topo merge $NCCL_TOPO_FILE node.json -o complete.json
 """
 
 
@@ -110,20 +112,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     preset.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
     preset.set_defaults(func=cmd_preset)
 
+    merge = sub.add_parser(
+        "merge",
+        help="complete a topology file with another of the same machine (e.g. a cloud NCCL_TOPO_FILE with discovery)",
+        description="Complete GIVEN (kept where both say something) with what COMPLETING knows about the "
+        "same machine: nodes matched by PCI bus id (CPUs by NUMA node), links added where GIVEN says "
+        "nothing of their kind (NVLinks of GPUs it lists none for, PCIe links of devices it does not "
+        "place, network links of NICs without one). Made for cloud NCCL topology files that leave out "
+        "the NVLinks: run 'topocoll topo discover' on one machine and merge.\n\n"
+        "examples:\n  topocoll topo discover -o node.json            # on the GPU machine\n"
+        "  topocoll topo merge $NCCL_TOPO_FILE node.json -o complete.json\n"
+        "  topocoll synthesize --topology complete.json --collective allreduce",
+        formatter_class=raw,
+    )
+    merge.add_argument("given", metavar="GIVEN", help="the authoritative topology file (any format convert reads)")
+    merge.add_argument("completing", metavar="COMPLETING", help="the topology that fills it in (e.g. discovered)")
+    merge.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write (.json or .xml)")
+    merge.set_defaults(func=cmd_merge)
+
     listing = sub.add_parser("list-presets", help="list the known systems", description="List the presets with a description each.")
     listing.set_defaults(func=cmd_list_presets)
 
     discover = sub.add_parser(
         "discover",
-        help="discover this machine's GPUs and NVLinks (NVML) and write its topology",
-        description="Discover the GPUs, NVLinks, NUMA nodes and InfiniBand adapters of this machine "
-        "through NVML (nvidia-ml-py) and sysfs, and write the topology. Without a GPU, "
-        "--flat-world-size N writes the shared-memory fallback for N processes instead.\n\n"
-        "examples:\n  topocoll topo discover -o node.json\n  topocoll topo discover --flat-world-size 4 -o flat.json",
+        help="discover this machine (GPUs, NVLinks, PCIe tree, NUMA nodes, NICs) and write its topology",
+        description="Discover this machine as NCCL sees it: GPUs and NVLinks through NVML (nvidia-ml-py), "
+        "the PCIe switch tree, NUMA nodes and NICs through sysfs, the CPU model from /proc/cpuinfo; "
+        "write the topology. A machine without GPUs (or without NVML) is written as its NUMA layout "
+        "and NICs, and the notes say what could not be learnt; the topo backend places CPU ranks on "
+        "it at run time. --flat-world-size N writes the shared-memory fallback for N processes "
+        "instead of discovering.\n\n"
+        "examples:\n  topocoll topo discover -o node.json\n  topocoll topo discover -o node.xml --png node.png\n"
+        "  topocoll topo discover --flat-world-size 4 -o flat.json",
         formatter_class=raw,
     )
     discover.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write (.json or .xml)")
-    discover.add_argument("--flat-world-size", type=int, metavar="N", help="without GPUs, write a flat topology of N processes")
+    discover.add_argument("--flat-world-size", type=int, metavar="N", help="write a flat topology of N CPU processes instead of discovering")
     discover.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
     discover.set_defaults(func=cmd_discover)
 
@@ -137,6 +161,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
     topology = load_topology(args.input)
     save_topology(topology, args.output)
     _console().print(f"wrote {args.output}: {_counts_line(topology)}")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """``topocoll topo merge GIVEN COMPLETING -o OUT``."""
+    from topocoll.topo.io import load_topology, save_topology
+    from topocoll.topo.merge import merge_topologies
+
+    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    merged = merge_topologies(load_topology(args.given), load_topology(args.completing))
+    save_topology(merged, args.output)
+    print_summary(merged, max_rows=DEFAULT_MAX_ROWS)
+    _console().print(f"wrote {args.output}")
     return 0
 
 
@@ -211,14 +248,10 @@ def cmd_discover(args: argparse.Namespace) -> int:
     _check_output(args.output, TOPOLOGY_EXTENSIONS)
     if args.png:
         _check_output(args.png, (".png",))
-    topology = discover_host()
-    if topology is None:
-        if args.flat_world_size is None:
-            raise TopocollError(
-                "no GPU found through NVML (nvidia-ml-py missing, no driver or no GPU); "
-                "pass --flat-world-size N for the shared-memory fallback"
-            )
+    if args.flat_world_size is not None:
         topology = flat_topology(args.flat_world_size)
+    else:
+        topology = discover_host()
     save_topology(topology, args.output)
     if args.png:
         from topocoll.topo.draw import draw_topology
@@ -318,6 +351,10 @@ def print_summary(topology: Topology, max_rows: int | None = DEFAULT_MAX_ROWS) -
         console.print("[bold]not known from the source:[/bold]")
         for note in topology.notes:
             console.print(f"  - {note}", markup=False, highlight=False)
+    from topocoll.topo.merge import planning_warnings
+
+    for warning in planning_warnings(topology):
+        print(f"topocoll: warning: {warning}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------- helpers
