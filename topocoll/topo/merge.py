@@ -66,7 +66,7 @@ def planning_warnings(topology: Topology) -> list[str]:
 
 def _matches(given: Topology, found: Topology) -> dict[str, str]:
     """Id in ``given`` of every node of ``found`` that ``given`` also has."""
-    by_busid = {(n.kind is NodeKind.NIC, n.busid, n.name if n.kind is NodeKind.NIC else None): n.id for n in given.nodes if n.busid}
+    nics = {(n.busid, n.name): n.id for n in given.nodes_of(NodeKind.NIC) if n.busid}
     by_busid_any = {}
     for n in given.nodes:
         if n.busid and n.kind is not NodeKind.NIC:
@@ -75,7 +75,7 @@ def _matches(given: Topology, found: Topology) -> dict[str, str]:
     out: dict[str, str] = {}
     for node in found.nodes:
         if node.kind is NodeKind.NIC and node.busid:
-            given_id = by_busid.get((True, node.busid, node.name))
+            given_id = nics.get((node.busid, node.name))
             if given_id is None:  # a NIC file entry named otherwise: match the one of that bus id
                 same = [n.id for n in given.nodes_of(NodeKind.NIC) if n.busid == node.busid]
                 given_id = same[0] if len(same) == 1 else None
@@ -190,7 +190,7 @@ def merge_topologies(given: Topology, found: Topology, *, name: str | None = Non
 
     nvml_answered = bool(found.nodes_of(NodeKind.GPU)) and not any(_NVML_FAILED.search(n) for n in found.notes)
     dropped = set(unknown_link_notes(given)) if nvml_answered else set()
-    if nvml_answered and any(n.kind is NodeKind.GPU for n in given.nodes) is False:
+    if nvml_answered and not given.nodes_of(NodeKind.GPU):
         dropped |= {n for n in given.notes if n == "no GPUs in the file"}
     for note in given.notes:
         if note not in dropped:
