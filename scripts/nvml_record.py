@@ -27,7 +27,7 @@ def answer(call, *args):
     if hasattr(value, "busId"):
         bus = value.busId
         return bus.decode() if isinstance(bus, bytes) else bus
-    if isinstance(value, list) and value and hasattr(value[0], "nvmlReturn"):
+    if hasattr(value, "__len__") and len(value) and hasattr(value[0], "nvmlReturn"):  # field values
         return [{"return": v.nvmlReturn, "uiVal": int(v.value.uiVal)} for v in value]
     return value if isinstance(value, (int, float, str, list, tuple, type(None))) else str(value)
 

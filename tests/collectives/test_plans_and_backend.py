@@ -256,6 +256,21 @@ def test_one_rank_group_returns_inputs_and_checks_arguments(solo):
     assert solo.topology.node("proc0").kind is NodeKind.HOST
 
 
+def test_the_group_answers_for_its_per_device_backends_as_c10d_asks(solo):
+    """init_process_group(device_id=cuda:N) asks pg._get_backend(device).supports_splitting."""
+    cpu = solo._get_backend(torch.device("cpu"))
+    assert isinstance(cpu, dist.ProcessGroupGloo)
+    assert cpu.supports_splitting in (True, False)
+    assert solo._get_backend(torch.device("cpu", 0)) is cpu
+    with pytest.raises(RuntimeError, match="device type meta"):
+        solo._get_backend(torch.device("meta"))
+    if not torch.cuda.is_available():
+        # c10d's callers (process group uid, abort, split source) catch RuntimeError
+        with pytest.raises(RuntimeError, match="CUDA"):
+            solo._get_backend(torch.device("cuda", 0))
+        assert dist.distributed_c10d._get_process_group_uid(solo) == -1
+
+
 def test_import_order_and_cost_of_registration():
     import subprocess
     import sys

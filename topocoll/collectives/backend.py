@@ -333,6 +333,24 @@ class TopoProcessGroup(dist.ProcessGroup):
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
 
+    def _get_backend(self, device: torch.device) -> Any:
+        """The inner backend that carries this group's traffic on ``device``'s type.
+
+        c10d asks a group for its per-device backend in several places; the first a CUDA user
+        meets is ``init_process_group(..., device_id=cuda:N)``, which connects that backend
+        eagerly when it ``supports_splitting``. A Python group registers no C++ backend, so the
+        base class would fail with "No backend type associated with
+        device type cuda". The inner gloo group answers for CPU, the inner NCCL group (created
+        here when CUDA is asked for first) for CUDA; other device types raise ``RuntimeError``
+        as the base class does, which is what c10d's callers catch.
+        """
+        kind = torch.device(device).type
+        if kind == "cpu":
+            return self._cpu_other
+        if kind == "cuda":
+            return self._cuda_groups()[1]
+        raise CollectiveError(f"rank {self._group_rank}: the topo backend has no backend for device type {kind}")
+
     # c10d names every group it creates (``_set_group_name``) and later reads the name back,
     # e.g. in ``destroy_process_group(group)``; the base class answers from a C++ backend that
     # a Python group does not register, so the group keeps its name and description itself.

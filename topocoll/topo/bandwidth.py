@@ -148,6 +148,11 @@ def pcie_generation_for_rate(gt_per_s: float) -> int:
     return min(PCIE_RATE_GT_PER_S, key=lambda g: abs(PCIE_RATE_GT_PER_S[g] - gt_per_s))
 
 
+#: Speed NCCL's socket transport assumes for an interface whose ``/sys/class/net/<if>/speed``
+#: is unreadable or not positive, as virtual NICs report (``ncclSocketGetSpeed``: 10000 Mb/s).
+SOCKET_DEFAULT_SPEED_BITS_PER_S = 10e9
+
+
 def net_bw_bytes_per_s(speed_bits_per_s: float) -> float:
     """Bytes per second of a network port reporting ``speed_bits_per_s``."""
     if not speed_bits_per_s > 0:

@@ -481,8 +481,16 @@ class _Machine:
             busid = self._pci_of(iface / "device")  # virtual interfaces (lo, bridges, veths) have none
             if busid is None or busid in with_ib:
                 continue
-            speed_mbit = _read_int(iface / "speed")  # -1 while the link is down
-            rate = speed_mbit * 1e6 if speed_mbit is not None and speed_mbit > 0 else None
+            speed_mbit = _read_int(iface / "speed")  # -1 while the link is down, and on virtual NICs
+            if speed_mbit is not None and speed_mbit > 0:
+                rate = speed_mbit * 1e6
+            elif _read(iface / "operstate") == "down":
+                rate = None
+            else:  # up but silent (virtio and other virtual NICs): what NCCL's socket transport assumes
+                rate = bw.SOCKET_DEFAULT_SPEED_BITS_PER_S
+                self.notes.add(
+                    f"{iface.name}: network speed not readable: assumed {rate / 1e9:g} Gb/s (NCCL's socket default)"
+                )
             found.setdefault(busid, []).append(_Port(iface.name, 1, busid, rate))
         return found
 
@@ -554,7 +562,7 @@ class _Machine:
             self._add(Node(node_id, NodeKind.NIC, busid=busid, name=port.name if port else None), parent, self.pcie_bw[busid])
             if port is None or port.speed_bits_per_s is None:
                 what = port.name if port else busid
-                self.notes.add(f"{what}: no network speed readable: no network link added")
+                self.notes.add(f"{what}: link down or no speed readable: no network link added")
                 continue
             net_id = f"net{index}"
             self.builder.add_node(Node(net_id, NodeKind.NET_SWITCH))
