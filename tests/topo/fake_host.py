@@ -190,6 +190,31 @@ class FakeNvmlLibrary:
         return SUCCESS
 
 
+def gpus_from_nvml_record(record: dict) -> list[FakeGpu]:
+    """The GPUs of a machine's NVML record (``scripts/nvml_record.py``), to replay its answers.
+
+    A link exists where the P2P capability query answered; it is active where the link-state
+    field value (or, on older GPUs, the state call) said enabled.
+    """
+    gpus = []
+    for gpu in record["gpus"]:
+        links = []
+        for link in gpu["links"]:
+            if isinstance(link["p2p"], dict):  # {"error": ...}: the driver knows no such link
+                continue
+            field = link["state_field"]
+            if isinstance(field, list) and field[0]["return"] == SUCCESS:
+                active = bool(field[0]["uiVal"])
+            else:
+                active = link["state"] == 1
+            links.append(FakeLink(link["remote_pci"], link["remote_type"], bool(link["p2p"]), active))
+        major, minor = gpu["cuda_compute_capability"]
+        domain, bus, rest = gpu["busid"].split(":")
+        busid = f"{int(domain, 16):04x}:{bus.lower()}:{rest.lower()}"
+        gpus.append(FakeGpu(busid, major * 10 + minor, gpu["name"], links))
+    return gpus
+
+
 def fake_pynvml(library: FakeNvmlLibrary) -> ModuleType:
     """A private copy of the real ``pynvml`` module whose C library is ``library``."""
     spec = importlib.util.find_spec("pynvml")

@@ -7,8 +7,10 @@ gives (:func:`comparable`), which is what NCCL itself made of that machine.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ from tests.topo.fake_host import (
     FakeHost,
     FakeLink,
     FakeNvmlLibrary,
+    fake_pynvml,
+    gpus_from_nvml_record,
     host_from_nccl_xml,
     nvml_busid,
 )
@@ -157,6 +161,37 @@ def test_h800_nvswitches_and_nics(tmp_path):
         assert all(l.bw_bytes_per_s == pytest.approx(2 * per_link) for l in to_switches)
     nets = [l for l in topo.links if l.kind is LinkKind.NET and l.src.startswith("nic")]
     assert len(nets) == 8 and all(l.bw_bytes_per_s == bw.net_bw_bytes_per_s(400e9) for l in nets)
+
+
+MACHINES = Path(__file__).parents[1] / "data" / "machines"
+
+
+def test_a_real_h200_vm_replayed_from_its_snapshot(tmp_path):
+    """tests/data/machines/h200-vm (README there): expected values read off its sysfs files."""
+    machine = MACHINES / "h200-vm"
+    with tarfile.open(machine / "sysfs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    record = json.loads((machine / "nvml.json").read_text())
+    library = FakeNvmlLibrary(gpus_from_nvml_record(record))
+    topo = discover_host(tmp_path / "sys", tmp_path / "proc", host_id="h200", nvml=fake_pynvml(library), arch="x86_64")
+    assert topo.summary_counts() == {"cpu": 1, "gpu": 1, "nic": 1, "net_switch": 1}
+    gpu, nic, cpu = topo.node("gpu0"), topo.node("nic0"), topo.node("cpu0")
+    assert (gpu.busid, gpu.name, gpu.rank, gpu.numa) == ("0000:00:06.0", "NVIDIA H200", 0, 0)
+    assert (nic.busid, nic.name) == ("0000:00:03.0", "eth0")
+    assert cpu.name == "GenuineIntel x86_64 family 6 model 207"
+    links = {(l.src, l.dst): l for l in topo.links}
+    # max_link_speed 32.0 GT/s, max_link_width 16 on the GPU
+    assert links["gpu0", "cpu0"].bw_bytes_per_s == bw.pcie_bw_bytes_per_s(5, 16)
+    # the virtio NIC has no link attributes (NCCL's Gen3 x16 fallback) and speed -1 while up
+    assert links["nic0", "cpu0"].bw_bytes_per_s == bw.pcie_bw_bytes_per_s(3, 16)
+    assert links["nic0", "net0"].bw_bytes_per_s == bw.net_bw_bytes_per_s(10e9)
+    assert not any(l.kind is LinkKind.NVLINK for l in topo.links)
+    assert any("eth0: network speed not readable: assumed 10 Gb/s" in n for n in topo.notes)
+    assert any("no active NVLink" in n for n in topo.notes)
+    # NCCL's own dump of the machine agrees on every bandwidth
+    nccl = parse_nccl_xml((machine / "nccl-topo.xml").read_text(), "nccl-topo.xml")
+    nccl_bw = sorted((l.kind.value, l.bw_bytes_per_s) for l in nccl.links)
+    assert sorted((l.kind.value, l.bw_bytes_per_s) for l in topo.links) == nccl_bw
 
 
 # ---------------------------------------------------------------- NVML, NCCL's rules
