@@ -204,3 +204,50 @@ def test_coalescing_calls_match_the_backend_binding():
     # does not coalesce: the call the executor makes is the one the Backend API has
     with pytest.raises(CollectiveError, match="does not implement startCoalescing"):
         Executor(_CoalescingGloo(group), 0, timedelta(seconds=2), grouped=True).run(program, torch.ones(8), Reduction.SUM)
+
+
+def test_messages_go_on_the_channel_their_rail_names():
+    """Channel 0 is the executor's transport, channel r + 1 the transport of rail r: a message
+    on rail 1 must travel through the third transport and no other."""
+    from topocoll.topo.rails import Rails
+
+    rails = Rails(count=2, nic_rail={"a.eth0": 0, "a.eth1": 1, "b.eth0": 0, "b.eth1": 1},
+                  interfaces={"a": ("eth0", "eth1"), "b": ("eth0", "eth1")})
+    steps = ((
+        Transfer(0, 1, 0, Op.COPY, ("a", "a.eth0", "rail0", "b.eth0", "b")),
+        Transfer(0, 1, 1, Op.COPY, ("a", "a.eth1", "rail1", "b.eth1", "b")),
+    ),)
+    schedule = Schedule(Collective.BROADCAST, ("a", "b"), 0, "", (Chunk(0, 0.0, 0.25), Chunk(1, 0.25, 0.75)), steps)
+    programs = lower_all(schedule, 8, rails=rails)
+    boxes = [Mailbox() for _ in range(3)]
+    sent = {c: [] for c in range(3)}
+
+    class Counting(Transport):
+        def __init__(self, box, rank, channel):
+            super().__init__(box, rank)
+            self.channel = channel
+
+        def send(self, tensors, dst, tag):
+            sent[self.channel].append(tensors[0].numel())
+            return super().send(tensors, dst, tag)
+
+    buffers = [torch.arange(8.0), torch.zeros(8)]
+    errors = {}
+
+    def body(rank):
+        transports = [Counting(box, rank, c) for c, box in enumerate(boxes)]
+        try:
+            Executor(transports[0], rank, timedelta(seconds=5), channels=transports[1:]).run(programs[rank], buffers[rank], None)
+        except Exception as exc:  # collected for the assertion
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert sent == {0: [], 1: [2], 2: [6]}
+    assert torch.equal(buffers[1], torch.arange(8.0))
+    with pytest.raises(CollectiveError, match="rails this executor has no groups for"):
+        Executor(Transport(boxes[0], 0), 0, timedelta(seconds=1)).run(programs[0], torch.ones(8), None)

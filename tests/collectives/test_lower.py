@@ -218,3 +218,26 @@ def test_reduces_from_several_peers_into_one_range_apply_early():
     (step,) = program.steps
     assert len(step.recvs) == 3 and all(r.op is Op.REDUCE and not r.after_step for r in step.recvs)
     assert program.scratch_elements == 3 * 10
+
+
+def test_transfers_carry_the_channel_of_their_rail_and_rails_are_never_merged():
+    """Two halves of one buffer from rank 0 to rank 1, one over each rail: without rails they
+    merge into one message; with them they are two, on channels 1 and 2, tagged in order."""
+    from topocoll.topo.rails import Rails
+
+    rails = Rails(count=2, nic_rail={"a.eth0": 0, "a.eth1": 1, "b.eth0": 0, "b.eth1": 1},
+                  interfaces={"a": ("eth0", "eth1"), "b": ("eth0", "eth1")})
+    steps = ((
+        Transfer(0, 1, 0, Op.COPY, ("a", "a.eth0", "rail0", "b.eth0", "b")),
+        Transfer(0, 1, 1, Op.COPY, ("a", "a.eth1", "rail1", "b.eth1", "b")),
+    ),)
+    schedule = Schedule(Collective.BROADCAST, ("a", "b"), 0, "", (Chunk(0, 0.0, 0.5), Chunk(1, 0.5, 0.5)), steps)
+    plain = lower_all(schedule, 10)
+    assert [(s.start, s.stop, s.channel) for s in plain[0].steps[0].sends] == [(0, 10, 0)]
+    sender, receiver = lower_all(schedule, 10, rails=rails)
+    assert [(s.start, s.stop, s.tag, s.channel) for s in sender.steps[0].sends] == [
+        (0, 5, FIRST_TAG, 1), (5, 10, FIRST_TAG + 1, 2)]
+    assert [(r.start, r.stop, r.tag, r.channel) for r in receiver.steps[0].recvs] == [
+        (0, 5, FIRST_TAG, 1), (5, 10, FIRST_TAG + 1, 2)]
+    out = simulate((sender, receiver), [np.arange(10.0), np.zeros(10)])
+    assert np.array_equal(out[1], np.arange(10.0))

@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 import traceback
 import weakref
@@ -58,7 +59,16 @@ import torch.distributed as dist
 
 from topocoll.collectives.debug import DEBUG_ENV, configure_logging
 from topocoll.collectives.executor import Executor, Reduction, check_reduction
-from topocoll.collectives.failure import NO_RANK, AgreedError, FailedError, Failure, FailureKind, GroupBrokenError, first_line
+from topocoll.collectives.failure import (
+    NO_RANK,
+    AgreedError,
+    FailedError,
+    Failure,
+    FailureKind,
+    GroupBrokenError,
+    first_line,
+)
+from topocoll.collectives.placement import exchange_identities, local_identity
 from topocoll.collectives.plans import (
     DEFAULT_SEGMENT_BYTES,
     Planner,
@@ -68,15 +78,21 @@ from topocoll.collectives.plans import (
     cuda_planner,
     default_planner,
 )
-from topocoll.collectives.placement import exchange_identities, local_identity
 from topocoll.collectives.shm import ShmTransport
-from topocoll.collectives.topology_source import TOPOLOGY_ENV, TopologySettings, dump_topology, group_topology, summary
+from topocoll.collectives.topology_source import (
+    TOPOLOGY_ENV,
+    TopologySettings,
+    dump_topology,
+    group_topology,
+    summary,
+)
 from topocoll.collectives.work import TopoWork
 from topocoll.errors import CollectiveError, TopocollError
 from topocoll.solver.schedule import Collective
 from topocoll.topo.host import host_identity
 from topocoll.topo.merge import planning_warnings
 from topocoll.topo.model import Topology
+from topocoll.topo.rails import find_rails
 
 __all__ = ["BACKEND_NAME", "TOPOLOGY_ENV", "TopoOptions", "TopoProcessGroup", "register"]
 
@@ -265,6 +281,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._cpu_sched: Any = None
         self._cpu_other: Any = None
         self._cpu_executor: Executor | None = None
+        self._rail_groups: list[Any] = []
         self._cuda_sched: Any = None
         self._cuda_other: Any = None
         self._cuda_executor: Executor | None = None
@@ -303,8 +320,40 @@ class TopoProcessGroup(dist.ProcessGroup):
         if shared_memory:
             self._shm = ShmTransport(self._cpu_sched, rank, size, dist.PrefixStore("topocoll/shm", store), timeout)
             weakref.finalize(self, self._shm.close)
-        self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout)
+        self._rail_groups = self._connect_rails(store, rank, size, timeout)
+        self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout, channels=self._rail_groups)
         self._cuda_connect = (store, rank, size, timeout)  # NCCL groups: on the first CUDA tensor
+
+    def _connect_rails(self, store: Any, rank: int, size: int, timeout: timedelta) -> list[Any]:
+        """One inner gloo group per rail, bound on every rank to its NIC of that rail.
+
+        A connection's route is chosen by its destination, so without this every transfer
+        between two hosts takes one NIC, whatever NIC its path names (``topo/rails.py``). Used
+        by CPU tensors only (NCCL drives the NICs itself). Every rank first says whether it has
+        its rail interfaces; unless all have them, no rank makes the groups and transfers take
+        the group's own transport (rank 0 logs why).
+        """
+        rails = find_rails(self._topology, self._schedules.nodes)
+        if rails is None:
+            return []
+        agree = dist.PrefixStore("topocoll/rails", store)
+        names = rails.interfaces[self._topology.node(self._schedules.nodes[rank]).host_id]
+        missing = [name for name in names if not _interface_exists(name)]
+        agree.set(str(rank), f"rank {rank} has no interface {', '.join(missing)}" if missing else "")
+        reasons = [reason for r in range(size) if (reason := agree.get(str(r)).decode())]
+        if reasons:
+            if rank == 0:
+                logger.info("rank 0: %d rails in the topology, not steered onto: %s", rails.count, "; ".join(reasons[:4]))
+            return []
+        groups = []
+        for rail, name in enumerate(names):
+            options = dist.ProcessGroupGloo._Options()
+            options._devices = [dist.ProcessGroupGloo.create_device(interface=name)]
+            options._timeout = timeout
+            groups.append(dist.ProcessGroupGloo(dist.PrefixStore(f"topocoll/rail{rail}", store), rank, size, options))
+        self._schedules.use_rails(rails)
+        logger.info("rank %d: %d rails, transfers steered onto %s", rank, rails.count, ", ".join(names))
+        return groups
 
     def _cuda_groups(self) -> tuple[Any, Any, Executor]:
         """The NCCL inner groups and their executor, made on the first collective on a CUDA tensor.
@@ -395,7 +444,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._closed = True
         if self._shm is not None:
             self._shm.close()
-        for inner in (self._cuda_sched, self._cuda_other):
+        for inner in (self._cuda_sched, self._cuda_other, *self._rail_groups):
             if inner is not None:
                 try:
                     inner.shutdown()
@@ -403,6 +452,7 @@ class TopoProcessGroup(dist.ProcessGroup):
                     logger.debug("rank %d: NCCL shutdown: %s", self._group_rank, exc)
         self._abort_sends.clear()
         self._shm = self._cpu_sched = self._cpu_other = self._cuda_sched = self._cuda_other = None
+        self._rail_groups = []
         self._cpu_executor = self._cuda_executor = self._cuda_connect = None
 
     def abort(self) -> None:
@@ -1043,6 +1093,14 @@ def _copy_bytes_into(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> Non
         if landing is not out:
             out.copy_(landing)
         offset += nbytes
+
+
+def _interface_exists(name: str) -> bool:
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return False
+    return True
 
 
 def _scatter_copy(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:

@@ -110,10 +110,16 @@ class Executor:
     grouped : bool, optional
         Run every step as one group of operations (:meth:`_run_step_grouped`). Default: for
         tensors on accelerators (NCCL), not for CPU tensors.
+    channels : sequence of torch.distributed backends, optional
+        Backends for messages on channels 1, 2, ... (one per rail, each bound to that rail's
+        NICs); channel 0 is ``transport``. Only the ungrouped (gloo) path uses them.
     """
 
-    def __init__(self, transport: Any, rank: int, timeout: timedelta, *, grouped: bool | None = None) -> None:
+    def __init__(
+        self, transport: Any, rank: int, timeout: timedelta, *, grouped: bool | None = None, channels: Sequence[Any] = ()
+    ) -> None:
         self._transport = transport
+        self._channels = (transport, *channels)
         self._grouped = grouped
         self._rank = rank
         self._timeout = timeout
@@ -161,13 +167,18 @@ class Executor:
         scratch = self.scratch(buffer.dtype, buffer.device, program.scratch_elements)
         if reduction is None and any(r.op is Op.REDUCE for step in program.steps for r in step.recvs):
             raise CollectiveError(f"rank {self._rank}: {program.collective.value} program reduces but no reduction op was given")
+        if any(m.channel >= len(self._channels) for step in program.steps for m in (*step.sends, *step.recvs)):
+            raise CollectiveError(
+                f"rank {self._rank}: {program.collective.value} program uses rails this executor has no groups for "
+                f"(it has {len(self._channels)} channel(s))"
+            )
         begin_program = getattr(self._transport, "begin_program", None)
         if begin_program is not None:  # transports that stage data (shared memory) size it first
             size = buffer.element_size()
             try:
-                begin_program(
-                    [(send.peer, send.numel * size) for step in program.steps for send in step.sends],
-                    incoming=[recv.peer for step in program.steps for recv in step.recvs],
+                begin_program(  # only channel 0 messages go through the staging transport
+                    [(send.peer, send.numel * size) for step in program.steps for send in step.sends if send.channel == 0],
+                    incoming=[recv.peer for step in program.steps for recv in step.recvs if recv.channel == 0],
                     **({} if sequence is None else {"sequence": sequence}),
                 )
             except OSError as exc:
@@ -194,7 +205,8 @@ class Executor:
             receiving = []
             recv_apply = getattr(self._transport, "recv_apply", None)
             for recv in step.recvs:
-                if recv_apply is not None and reduction is not None and recv.op is Op.REDUCE and not recv.after_step:
+                isolated_reduce = reduction is not None and recv.op is Op.REDUCE and not recv.after_step
+                if recv_apply is not None and recv.channel == 0 and isolated_reduce:
                     # an isolated reduce the transport can apply where the data lies
                     target = buffer[recv.start : recv.stop]
                     work = recv_apply(target, recv.peer, recv.tag, self._combiner(reduction))
@@ -202,9 +214,10 @@ class Executor:
                         receiving.append((recv, None, work))
                         continue
                 landing = self._landing(recv, buffer, scratch)
-                receiving.append((recv, landing, self._transport.recv([landing], recv.peer, recv.tag)))
+                receiving.append((recv, landing, self._channels[recv.channel].recv([landing], recv.peer, recv.tag)))
             sending = [
-                (send, self._transport.send([buffer[send.start : send.stop]], send.peer, send.tag)) for send in step.sends
+                (send, self._channels[send.channel].send([buffer[send.start : send.stop]], send.peer, send.tag))
+                for send in step.sends
             ]
             deferred = []
             for recv, landing, work in receiving:

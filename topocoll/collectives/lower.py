@@ -16,6 +16,10 @@ Rules that both ends of every message derive the same way (so they always agree)
   the wire.
 - Every message between an ordered pair carries a tag equal to its sequence number among the
   messages of that pair in the whole program, plus :data:`FIRST_TAG`.
+- Given the cluster's rails (:class:`~topocoll.topo.rails.Rails`), every message carries the
+  channel of the rail its transfer's path leaves by (``Rails.channel_of``: 0 for the group's
+  own transport, r + 1 for rail r): the executor sends it on the inner group bound to that
+  rail's NICs. Transfers on different channels are never merged.
 
 Transfers in one step read the values from before the step (contract 2). A receive whose range
 this rank also sends in the same step, or that shares its range with another receive of the
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 
 from topocoll.errors import ScheduleError
 from topocoll.solver.schedule import Collective, Op, Schedule, Transfer
+from topocoll.topo.rails import Rails
 
 __all__ = ["FIRST_TAG", "Send", "Recv", "ProgramStep", "RankProgram", "lower", "lower_all"]
 
@@ -41,12 +46,14 @@ FIRST_TAG = 1
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send elements ``[start, stop)`` of the buffer to rank ``peer`` with message tag ``tag``."""
+    """Send elements ``[start, stop)`` of the buffer to rank ``peer`` with message tag ``tag``,
+    on inner channel ``channel`` (0: the group's own transport; r + 1: the group of rail r)."""
 
     peer: int
     start: int
     stop: int
     tag: int
+    channel: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.stop:
@@ -74,6 +81,8 @@ class Recv:
     after_step : bool
         Apply it only once every message of the step completed (its range is also read or
         written by another message of this rank in the step).
+    channel : int
+        The inner channel (rail) the message arrives on, as for :class:`Send`.
     """
 
     peer: int
@@ -83,6 +92,7 @@ class Recv:
     op: Op
     scratch_start: int | None
     after_step: bool = False
+    channel: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.stop:
@@ -150,6 +160,7 @@ class _Message:
     stop: int
     op: Op
     tag: int
+    channel: int
 
 
 def _merge_pair(ranges: list[tuple[int, int, Op]]) -> list[tuple[int, int, Op]]:
@@ -178,20 +189,22 @@ def _step_messages(
     bounds: dict[int, tuple[int, int]],
     counters: dict[tuple[int, int], int],
     max_message_elements: int | None,
+    rails: Rails | None,
 ) -> list[_Message]:
     """Merged, segmented, tagged messages of one step (the same list on every rank)."""
-    by_pair: dict[tuple[int, int], list[tuple[int, int, Op]]] = defaultdict(list)
+    by_lane: dict[tuple[int, int, int], list[tuple[int, int, Op]]] = defaultdict(list)
     for transfer in step:
         start, stop = bounds[transfer.chunk]
         if stop > start:
-            by_pair[(transfer.src, transfer.dst)].append((start, stop, transfer.op))
+            channel = rails.channel_of(transfer.path) if rails is not None else 0
+            by_lane[(transfer.src, transfer.dst, channel)].append((start, stop, transfer.op))
     messages = []
-    for pair in sorted(by_pair):
-        for merged_start, merged_stop, op in _merge_pair(by_pair[pair]):
+    for src, dst, channel in sorted(by_lane):
+        for merged_start, merged_stop, op in _merge_pair(by_lane[(src, dst, channel)]):
             for start, stop in _segments(merged_start, merged_stop, max_message_elements):
-                tag = FIRST_TAG + counters[pair]
-                counters[pair] += 1
-                messages.append(_Message(pair[0], pair[1], start, stop, op, tag))
+                tag = FIRST_TAG + counters[(src, dst)]
+                counters[(src, dst)] += 1
+                messages.append(_Message(src, dst, start, stop, op, tag, channel))
     return messages
 
 
@@ -203,7 +216,7 @@ def _lower_step(messages: list[_Message], rank: int) -> ProgramStep:
     outgoing = [m for m in messages if m.src == rank]
     incoming = [m for m in messages if m.dst == rank]
     sent_ranges = [(m.start, m.stop) for m in outgoing]
-    sends = tuple(Send(m.dst, m.start, m.stop, m.tag) for m in outgoing)
+    sends = tuple(Send(m.dst, m.start, m.stop, m.tag, m.channel) for m in outgoing)
     recvs = []
     scratch = 0
     for i, m in enumerate(incoming):
@@ -212,9 +225,9 @@ def _lower_step(messages: list[_Message], rank: int) -> ProgramStep:
         others = [(o.start, o.stop) for j, o in enumerate(incoming) if j != i and not (o.op is Op.REDUCE and m.op is Op.REDUCE)]
         isolated = not _overlaps(m.start, m.stop, sent_ranges + others)
         if isolated and m.op is Op.COPY:
-            recvs.append(Recv(m.src, m.start, m.stop, m.tag, m.op, None))
+            recvs.append(Recv(m.src, m.start, m.stop, m.tag, m.op, None, channel=m.channel))
         else:
-            recvs.append(Recv(m.src, m.start, m.stop, m.tag, m.op, scratch, after_step=not isolated))
+            recvs.append(Recv(m.src, m.start, m.stop, m.tag, m.op, scratch, after_step=not isolated, channel=m.channel))
             scratch += m.stop - m.start
     return ProgramStep(sends, tuple(recvs))
 
@@ -228,7 +241,9 @@ def _check(schedule: Schedule, count: int) -> None:
         raise ScheduleError(f"element count must be an integer >= 0, got {count!r}")
 
 
-def lower(schedule: Schedule, rank: int, count: int, max_message_elements: int | None = None) -> RankProgram:
+def lower(
+    schedule: Schedule, rank: int, count: int, max_message_elements: int | None = None, rails: Rails | None = None
+) -> RankProgram:
     """Lower ``schedule`` to the program of rank ``rank`` on a buffer of ``count`` elements.
 
     Parameters
@@ -242,6 +257,8 @@ def lower(schedule: Schedule, rank: int, count: int, max_message_elements: int |
         (``world_size`` shards).
     max_message_elements : int, optional
         Cut longer messages into segments of at most this many elements (default: never).
+    rails : Rails, optional
+        The cluster's rails: each message then carries the rail its path leaves by.
 
     Returns
     -------
@@ -261,7 +278,7 @@ def lower(schedule: Schedule, rank: int, count: int, max_message_elements: int |
     >>> lower(s, 1, 8).steps[0].recvs[0].stop
     8
     """
-    return lower_all(schedule, count, ranks=(rank,), max_message_elements=max_message_elements)[0]
+    return lower_all(schedule, count, ranks=(rank,), max_message_elements=max_message_elements, rails=rails)[0]
 
 
 def lower_all(
@@ -269,6 +286,7 @@ def lower_all(
     count: int,
     ranks: tuple[int, ...] | None = None,
     max_message_elements: int | None = None,
+    rails: Rails | None = None,
 ) -> tuple[RankProgram, ...]:
     """Lower ``schedule`` for several ranks at once (all of them by default).
 
@@ -279,7 +297,7 @@ def lower_all(
         Elements of the flat buffer.
     ranks : tuple of int, optional
         Which ranks to lower for; default every rank in order.
-    max_message_elements : int, optional
+    max_message_elements, rails : optional
         As for :func:`lower`.
 
     Returns
@@ -301,7 +319,7 @@ def lower_all(
     counters: dict[tuple[int, int], int] = defaultdict(int)
     per_rank: dict[int, list[ProgramStep]] = {r: [] for r in wanted}
     for step in schedule.steps:
-        messages = _step_messages(step, bounds, counters, max_message_elements)
+        messages = _step_messages(step, bounds, counters, max_message_elements, rails)
         for rank in wanted:
             lowered = _lower_step(messages, rank)
             if lowered.sends or lowered.recvs:

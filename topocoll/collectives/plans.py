@@ -27,6 +27,7 @@ from topocoll.collectives.lower import RankProgram, lower
 from topocoll.errors import CollectiveError, ScheduleError, TopocollError
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.topo.model import Topology
+from topocoll.topo.rails import Rails
 
 __all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "cuda_planner", "check_digests", "announce_topology_error"]
 
@@ -173,6 +174,13 @@ class ScheduleSource:
         self._schedules: dict[tuple[Collective, int | None, int, str], Schedule] = {}
         self._verified: set[str] = set()  # JSON digests of the schedules that passed verification
         self._programs: OrderedDict[tuple[Collective, int | None, int, int, int, str], RankProgram] = OrderedDict()
+        self._rails: Rails | None = None
+
+    def use_rails(self, rails: Rails) -> None:
+        """Lower CPU programs with each message on the channel of its rail (the group made one
+        inner group per rail). Programs lowered before are dropped."""
+        self._rails = rails
+        self._programs.clear()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -198,7 +206,8 @@ class ScheduleSource:
         segment = None
         if self._segment_bytes is not None and count:
             segment = max(1, self._segment_bytes * count // max(size_bytes, 1))
-        program = lower(schedule, self._rank, count, max_message_elements=segment)
+        rails = self._rails if device == "cpu" else None  # NCCL drives the NICs itself
+        program = lower(schedule, self._rank, count, max_message_elements=segment, rails=rails)
         self._programs[key] = program
         while len(self._programs) > PROGRAM_CACHE_ENTRIES:
             self._programs.popitem(last=False)
