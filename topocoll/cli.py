@@ -24,12 +24,13 @@ typical use:
   topocoll synthesize --topology cluster.json --collective allreduce -o ar.json
   topocoll verify ar.json --topology cluster.json
   topocoll simulate --topology cluster.json --collective allreduce --sizes 1K:1G
+  torchrun --nproc-per-node 2 -m topocoll.cli topo probe -o probed.json
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand registered."""
-    from topocoll.bench import simulate_cli
+    from topocoll.bench import probe_cli, simulate_cli
     from topocoll.solver import cli as solver_cli
     from topocoll.topo import cli as topo_cli
 
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"topocoll {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and solver details to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    topo_cli.register(sub)
+    probe_cli.register(topo_cli.register(sub))
     solver_cli.register(sub)
     simulate_cli.register(sub)
     return parser

@@ -52,6 +52,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,6 +70,7 @@ from topocoll.collectives.failure import (
     first_line,
 )
 from topocoll.collectives.placement import exchange_identities, local_identity
+from topocoll.collectives.probe import ProbeSettings, run_probe
 from topocoll.collectives.plans import (
     DEFAULT_SEGMENT_BYTES,
     Planner,
@@ -92,7 +94,9 @@ from topocoll.solver.schedule import Collective
 from topocoll.topo.host import host_identity
 from topocoll.topo.merge import planning_warnings
 from topocoll.topo.model import Topology
-from topocoll.topo.rails import find_rails
+from topocoll.topo.calibrate import Calibration
+from topocoll.topo.io import dumps_topology, load_topology, parse_topology
+from topocoll.topo.rails import Rails, find_rails
 
 __all__ = ["BACKEND_NAME", "TOPOLOGY_ENV", "TopoOptions", "TopoProcessGroup", "register"]
 
@@ -176,12 +180,16 @@ class TopoOptions:
         Move CPU data between ranks of one host through shared memory
         (:class:`~topocoll.collectives.shm.ShmTransport`) instead of gloo's loopback TCP
         (default; peers that cannot map each other's files still use gloo).
+    probe : bool or None
+        Measure the links when the group starts and plan on the calibrated topology
+        (:meth:`TopoProcessGroup.probe`); None (default): as ``$TOPOCOLL_PROBE`` says.
     """
 
     topology: Topology | None = None
     planner: Planner | None = None
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES
     shared_memory: bool = True
+    probe: bool | None = None
 
 
 def _parse_reduce_op(op: Any) -> _Reduce:
@@ -243,6 +251,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         planner: Planner | None = None,
         segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
         shared_memory: bool = True,
+        probe: bool | None = None,
     ) -> None:
         super().__init__(rank, size)
         self._group_rank = rank
@@ -282,6 +291,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._cpu_other: Any = None
         self._cpu_executor: Executor | None = None
         self._rail_groups: list[Any] = []
+        self._rails: Rails | None = None
         self._cuda_sched: Any = None
         self._cuda_other: Any = None
         self._cuda_executor: Executor | None = None
@@ -289,6 +299,8 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._cuda_device: torch.device | None = None  # of the last CUDA collective (for barrier)
         try:
             self._connect(store, rank, size, timeout, shared_memory)
+            if settings.probe if probe is None else probe:
+                self._use_calibrated(self._calibrated(settings.probe_cache), planner, segment_bytes)
         except BaseException:
             # a peer died or timed out during set-up: free what was made (threads, sockets,
             # shared memory) now, not when the exception's traceback lets go of this object
@@ -352,8 +364,59 @@ class TopoProcessGroup(dist.ProcessGroup):
             options._timeout = timeout
             groups.append(dist.ProcessGroupGloo(dist.PrefixStore(f"topocoll/rail{rail}", store), rank, size, options))
         self._schedules.use_rails(rails)
+        self._rails = rails
         logger.info("rank %d: %d rails, transfers steered onto %s", rank, rails.count, ", ".join(names))
         return groups
+
+    # ------------------------------------------------------------------ probing
+    def probe(self, settings: ProbeSettings | None = None, progress: Callable[[str], None] | None = None) -> Calibration:
+        """Measure this group's links (collective: every rank calls it) and return the calibration.
+
+        The group's topology is not changed; ``TopoOptions(probe=True)`` or
+        ``$TOPOCOLL_PROBE=1`` make a group plan on the calibrated one from the start.
+
+        Raises
+        ------
+        CollectiveError
+            A peer died or timed out (on every rank, within the group's timeout).
+        """
+        if self._cpu_sched is None:
+            raise CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
+        channels = [self._cpu_sched, *self._rail_groups]
+        rails = self._rails if self._rail_groups else None
+        return run_probe(channels, self._group_rank, self._topology, self._schedules.nodes, rails, self._timeout, settings, progress)
+
+    def _calibrated(self, cache_dir: str | None) -> Topology:
+        """The calibrated topology: rank 0's cached one, or measured now; the same on every rank."""
+        rank, nodes = self._group_rank, self._schedules.nodes
+        path = probe_cache_path(cache_dir, self._topology, nodes)
+        agree = dist.PrefixStore(f"probe/{self._topology.digest()}", self._store)
+        if rank == 0:
+            cached = _read_cached(path) if path is not None else None
+            agree.set("cached", "1" if cached is not None else "0")
+        if agree.get("cached") == b"1":
+            if rank == 0:
+                agree.set("topology", dumps_topology(cached, "json"))
+                logger.info("rank 0: calibrated topology from the probe cache %s", path)
+        else:
+            say = (lambda line: logger.info("rank 0: %s", line)) if rank == 0 else None
+            calibrated = self.probe(progress=say).topology
+            if rank == 0:
+                agree.set("topology", dumps_topology(calibrated, "json"))
+                if path is not None:
+                    _write_cached(path, calibrated)
+        return parse_topology(agree.get("topology").decode(), "probe result", "json")  # rank 0's, everywhere
+
+    def _use_calibrated(self, topology: Topology, planner: Planner | None, segment_bytes: int | None) -> None:
+        self._topology = topology
+        self._schedules = ScheduleSource(
+            topology, self._schedules.nodes, self._group_rank, self._store, planner or default_planner, segment_bytes,
+            cuda_planner=planner or cuda_planner,
+        )
+        if self._rail_groups:
+            self._schedules.use_rails(self._rails)
+        if self._group_rank == 0:
+            logger.info("rank 0: planning on the probed topology %s", summary(topology))
 
     def _cuda_groups(self) -> tuple[Any, Any, Executor]:
         """The NCCL inner groups and their executor, made on the first collective on a CUDA tensor.
@@ -1095,6 +1158,35 @@ def _copy_bytes_into(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> Non
         offset += nbytes
 
 
+def probe_cache_path(cache_dir: str | None, topology: Topology, nodes: Sequence[str]) -> Path | None:
+    """Where the calibration of ``topology`` with ranks on ``nodes`` is cached (None: no cache)."""
+    if cache_dir is not None and cache_dir.strip().lower() == "off":
+        return None
+    root = Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "topocoll" / "probe"
+    placement = hashlib.sha256(json.dumps(list(nodes)).encode()).hexdigest()[:12]
+    return root / f"{topology.digest().split(':')[-1][:24]}-{placement}.json"
+
+
+def _read_cached(path: Path) -> Topology | None:
+    try:
+        return load_topology(path)
+    except FileNotFoundError:
+        return None
+    except (TopocollError, OSError) as exc:  # a damaged cache entry is measured again
+        logger.warning("rank 0: ignoring the probe cache %s: %s", path, exc)
+        return None
+
+
+def _write_cached(path: Path, topology: Topology) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(dumps_topology(topology, "json"))
+        temporary.replace(path)  # whole or not at all
+    except OSError as exc:
+        logger.warning("rank 0: cannot write the probe cache %s: %s", path, exc)
+
+
 def _interface_exists(name: str) -> bool:
     try:
         socket.if_nametoindex(name)
@@ -1123,6 +1215,7 @@ def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
         planner=extra.planner,
         segment_bytes=extra.segment_bytes,
         shared_memory=extra.shared_memory,
+        probe=extra.probe,
     )
 
 

@@ -68,6 +68,12 @@ class TopologySettings:
         ``$TOPOCOLL_TOPO_DUMP_FILE_RANK``: the global rank that writes it (default 0).
     host_id : str, optional
         ``$TOPOCOLL_HOSTID``: this machine's identity instead of host name and boot id.
+    probe : bool
+        ``$TOPOCOLL_PROBE`` (``1``, ``true``, ``yes``): measure the links and plan on the
+        calibrated topology (:mod:`topocoll.collectives.probe`).
+    probe_cache : str, optional
+        ``$TOPOCOLL_PROBE_CACHE``: where rank 0 keeps calibrated topologies, one file per
+        topology digest and placement (default ``~/.cache/topocoll/probe``; ``off``: none).
     sysfs_root, proc_root : str
         Roots of sysfs and procfs (discovery of a fake machine in tests).
     """
@@ -80,6 +86,8 @@ class TopologySettings:
     host_id: str | None = None
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
+    probe: bool = False
+    probe_cache: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TopologySettings:
@@ -102,7 +110,13 @@ class TopologySettings:
             dump_file=environ.get("TOPOCOLL_TOPO_DUMP_FILE") or None,
             dump_rank=dump_rank,
             host_id=environ.get("TOPOCOLL_HOSTID") or None,
+            probe=environ.get(PROBE_ENV, "").strip().lower() in ("1", "true", "yes"),
+            probe_cache=environ.get("TOPOCOLL_PROBE_CACHE") or None,
         )
+
+
+#: Set to 1 to probe the links when a group starts.
+PROBE_ENV = "TOPOCOLL_PROBE"
 
 
 def discover_machine(host_name: str, settings: TopologySettings) -> Topology:

@@ -45,8 +45,9 @@ examples:
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``topocoll topo`` and its subcommands to the ``topocoll`` parser."""
+def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add ``topocoll topo`` and its subcommands to the ``topocoll`` parser; returns the
+    ``topo`` subcommands (commands that run under a launcher, ``probe``, are added by bench/)."""
     topo = subparsers.add_parser(
         "topo",
         help="read, convert, show, draw and generate topologies",
@@ -150,6 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     discover.add_argument("--flat-world-size", type=int, metavar="N", help="write a flat topology of N CPU processes instead of discovering")
     discover.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
     discover.set_defaults(func=cmd_discover)
+    return sub
 
 
 # ---------------------------------------------------------------------------- handlers

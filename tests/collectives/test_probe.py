@@ -1,0 +1,62 @@
+"""Probing over real gloo groups (one thread per rank): every rank gets the same calibration,
+and a rank that never comes makes the others raise within the timeout."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from tests.collectives.test_executor import _gloo_groups
+from tests.topo.test_calibrate import UNIFORM, build
+from topocoll.collectives.probe import ProbeSettings, run_probe
+from topocoll.errors import CollectiveError
+from topocoll.topo.model import LinkKind
+
+NODES = ("h0", "h1", "h2")
+SETTINGS = ProbeSettings(target_s=0.02, initial_bytes=1 << 16, max_bytes=1 << 20, latency_rounds=3)
+
+
+def topology():
+    hosts, switches, links = UNIFORM
+    return build(hosts[:3], switches, links[:3])
+
+
+def run_ranks(ranks, timeout_s=20.0):
+    groups = _gloo_groups(3)
+    topo = topology()
+    results, errors = {}, {}
+
+    def body(rank):
+        try:
+            results[rank] = run_probe([groups[rank]], rank, topo, NODES, None, timedelta(seconds=timeout_s), SETTINGS)
+        except Exception as exc:  # collected for the assertions
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return topo, results, errors
+
+
+@pytest.mark.timeout(120)
+def test_every_rank_computes_the_same_calibration():
+    topo, results, errors = run_ranks(range(3))
+    assert not errors, errors
+    first = results[0]
+    assert all(r.topology.digest() == first.topology.digest() for r in results.values())
+    # 6 pairs, and an incast and an outcast per host
+    assert first.notes[0] == "calibrated from 12 probe experiment(s)"
+    # on loopback no link limits anything real; what matters here is that rates arrived
+    assert first.measured and all(rate > 0 for rate in first.measured.values())
+    assert all(l.latency_s > 0 for l in first.topology.links if l.kind is LinkKind.NET)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_never_comes_makes_the_others_raise():
+    _, results, errors = run_ranks((0, 1), timeout_s=2.0)
+    assert not results
+    assert set(errors) == {0, 1} and all(isinstance(e, CollectiveError) for e in errors.values())

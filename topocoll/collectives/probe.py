@@ -1,0 +1,211 @@
+"""Probing: run the experiments of :mod:`topocoll.topo.calibrate` with point-to-point messages.
+
+Every rank of a group walks the same list of experiments in the same order. For one
+experiment the senders of its flows send and the receivers receive, all at once after a
+barrier; each receiver times its flow from the barrier to the last byte. A first round with
+``initial_bytes`` per flow finds the speed; when it was shorter than ``target_s`` a second
+round sends enough bytes to last about ``target_s`` (at most ``max_bytes``), so that the rate
+is that of a full stream, not of its start. The durations are summed across ranks (each flow
+has one receiver), so every rank computes the same rates and the same calibrated topology.
+
+Latency: each probed pair exchanges ``latency_rounds`` one-byte messages back and forth on its
+first channel; half the median round trip is its one-way latency.
+
+Messages go through the group's inner gloo groups: channel 0 is the group's own, channel r + 1
+the group bound to rail r's NICs. A peer that dies or stops answering makes every rank raise
+:class:`~topocoll.errors.CollectiveError` within the timeout, with nothing returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from topocoll.errors import CollectiveError
+from topocoll.topo.calibrate import Calibration, Experiment, Measurement, calibrate, plan_experiments, probe_ranks
+from topocoll.topo.model import Topology
+from topocoll.topo.rails import Rails
+
+__all__ = ["ProbeSettings", "run_probe"]
+
+logger = logging.getLogger(__name__)
+
+#: Tag of probe messages on the inner groups (the executor's own start at 1 and count up per
+#: pair within one collective; a probe runs while no collective does).
+_PROBE_TAG = 7_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    """How long and how much to probe.
+
+    Parameters
+    ----------
+    target_s : float
+        About how long one timed experiment should last (default 0.25 s: at tens of Mbit/s
+        that is megabytes, past a token bucket's burst and TCP's slow start).
+    initial_bytes : int
+        Bytes per flow of the first, sizing round (default 1 MiB).
+    max_bytes : int
+        Most bytes per flow (default 64 MiB).
+    latency_rounds : int
+        Round trips per pair for the latency (default 20).
+    """
+
+    target_s: float = 0.25
+    initial_bytes: int = 1 << 20
+    max_bytes: int = 64 << 20
+    latency_rounds: int = 20
+
+    def __post_init__(self) -> None:
+        if not self.target_s > 0 or not 1 <= self.initial_bytes <= self.max_bytes or self.latency_rounds < 1:
+            raise CollectiveError(
+                f"probe settings: need target_s > 0, 1 <= initial_bytes <= max_bytes and latency_rounds >= 1, got "
+                f"{self.target_s}, {self.initial_bytes}, {self.max_bytes}, {self.latency_rounds}"
+            )
+
+
+def _wait(work: Any, timeout: timedelta, rank: int, what: str) -> None:
+    try:
+        work.wait(timeout)
+    except RuntimeError as exc:
+        raise CollectiveError(f"rank {rank}: probe {what} failed: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+
+
+def _sum(channel0: Any, values: torch.Tensor, timeout: timedelta, rank: int) -> torch.Tensor:
+    _wait(channel0.allreduce([values]), timeout, rank, "exchange of results")
+    return values
+
+
+def _timed_round(channels: Sequence[Any], rank: int, experiment: Experiment, size: int, timeout: timedelta, tag: int) -> torch.Tensor:
+    """Durations (s) of the experiment's flows with ``size`` bytes each, known on every rank."""
+    durations = torch.zeros(len(experiment.flows), dtype=torch.float64)
+    mine = [f for f in experiment.flows if rank in (f.src, f.dst)]
+    buffer = torch.empty(size * max(1, len(mine)), dtype=torch.uint8) if mine else None
+    _sum(channels[0], torch.zeros(1), timeout, rank)  # everyone starts together
+    start = time.perf_counter()
+    works = []
+    for index, flow in enumerate(experiment.flows):
+        group = channels[flow.channel]
+        if flow.dst == rank:
+            slot = mine.index(flow)
+            works.append((index, group.recv([buffer[size * slot : size * (slot + 1)]], flow.src, tag + index)))
+        elif flow.src == rank:
+            slot = mine.index(flow)
+            works.append((None, group.send([buffer[size * slot : size * (slot + 1)]], flow.dst, tag + index)))
+    for index, work in works:
+        _wait(work, timeout, rank, experiment.describe())
+        if index is not None:
+            durations[index] = time.perf_counter() - start
+    return _sum(channels[0], durations, timeout, rank)
+
+
+def _latency(channels: Sequence[Any], rank: int, experiments: Sequence[Experiment], rounds: int, timeout: timedelta) -> dict[tuple[int, int], float]:
+    pairs = [e.flows[0] for e in experiments if e.kind == "pair"]
+    first = {}
+    for flow in pairs:
+        first.setdefault((flow.src, flow.dst), flow)
+    ordered = sorted(first.values(), key=lambda f: (f.src, f.dst))
+    one_way = torch.zeros(len(ordered), dtype=torch.float64)
+    byte = torch.zeros(1, dtype=torch.uint8)
+    for index, flow in enumerate(ordered):
+        if rank not in (flow.src, flow.dst):
+            continue
+        group, peer = channels[flow.channel], flow.dst if rank == flow.src else flow.src
+        trips = []
+        for _ in range(rounds):
+            began = time.perf_counter()
+            if rank == flow.src:
+                _wait(group.send([byte], peer, _PROBE_TAG - 1), timeout, rank, f"latency {flow.src}->{flow.dst}")
+                _wait(group.recv([byte], peer, _PROBE_TAG - 2), timeout, rank, f"latency {flow.src}->{flow.dst}")
+            else:
+                _wait(group.recv([byte], peer, _PROBE_TAG - 1), timeout, rank, f"latency {flow.src}->{flow.dst}")
+                _wait(group.send([byte], peer, _PROBE_TAG - 2), timeout, rank, f"latency {flow.src}->{flow.dst}")
+            trips.append(time.perf_counter() - began)
+        if rank == flow.src:
+            one_way[index] = statistics.median(trips) / 2
+    one_way = _sum(channels[0], one_way, timeout, rank)
+    return {(f.src, f.dst): float(v) for f, v in zip(ordered, one_way.tolist())}
+
+
+def run_probe(
+    channels: Sequence[Any],
+    rank: int,
+    topology: Topology,
+    rank_nodes: Sequence[str],
+    rails: Rails | None,
+    timeout: timedelta,
+    settings: ProbeSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Measure the group's links and return the calibrated topology (the same on every rank).
+
+    Parameters
+    ----------
+    channels : sequence of torch.distributed backends
+        Channel 0 (the group's own gloo group), then one per rail when ``rails`` is given.
+    rank : int
+        This rank in those groups.
+    topology : Topology
+        The nominal topology (its structure names the links measured).
+    rank_nodes : sequence of str
+        The node of every rank.
+    rails : Rails or None
+        The cluster's rails.
+    timeout : datetime.timedelta
+        Longest wait for one message.
+    settings : ProbeSettings, optional
+    progress : callable, optional
+        Called with one line per experiment (rank 0 passes a printer).
+
+    Returns
+    -------
+    Calibration
+
+    Raises
+    ------
+    CollectiveError
+        A message failed or timed out (on every rank), or the settings are invalid.
+    """
+    settings = settings or ProbeSettings()
+    if rails is not None and len(channels) != rails.count + 1:
+        raise CollectiveError(f"rank {rank}: {rails.count} rails but {len(channels) - 1} rail groups")
+    experiments, notes = plan_experiments(topology, rank_nodes, rails)
+    if not experiments:
+        raise CollectiveError(
+            f"rank {rank}: nothing to probe: {len(probe_ranks(topology, rank_nodes))} host(s) with a unique route between them"
+        )
+    measurements = []
+    began = time.perf_counter()
+    for number, experiment in enumerate(experiments):
+        tag = _PROBE_TAG + 16 * number
+        _timed_round(channels, rank, experiment, min(64 << 10, settings.initial_bytes), timeout, tag)  # connect, warm up
+        size = settings.initial_bytes
+        durations = _timed_round(channels, rank, experiment, size, timeout, tag + 4)
+        longest = float(durations.max())
+        if longest < settings.target_s and size < settings.max_bytes:
+            size = min(settings.max_bytes, int(size * settings.target_s / max(longest, 1e-6) * 1.1))
+            durations = _timed_round(channels, rank, experiment, size, timeout, tag + 8)
+        rates = tuple(size / max(float(d), 1e-9) for d in durations)
+        measurements.append(Measurement(experiment, rates))
+        if progress is not None:
+            shown = ", ".join(f"{r / 1e6:.3g}" for r in rates)
+            progress(f"probe {number + 1}/{len(experiments)}: {experiment.describe()}: {shown} MB/s ({size} B per flow)")
+    latencies = _latency(channels, rank, experiments, settings.latency_rounds, timeout)
+    result = calibrate(topology, measurements, latencies)
+    if progress is not None:
+        progress(f"probe: {len(experiments)} experiments in {time.perf_counter() - began:.1f} s")
+    if notes:
+        result = Calibration(
+            Topology(result.topology.nodes, result.topology.links, name=result.topology.name, notes=(*result.topology.notes, *notes)),
+            result.measured,
+            (*result.notes, *notes),
+        )
+    return result
