@@ -32,6 +32,8 @@ def world_of_four(monkeypatch):
         (["allreduce", "--bogus"], "unrecognized arguments: --bogus"),
         (["allreduce", "-a", "7"], "invalid choice: 7"),
         (["allreduce", "--topology", "no-such-file.json"], "--topology no-such-file.json: no such file"),
+        (["allreduce", "--planner", "bogus"], "unknown planner 'bogus'"),
+        (["allreduce", "--planner", "ring", "--backend", "gloo"], "--planner chooses the topo backend's schedules"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(world_of_four, capsys, argv, message):

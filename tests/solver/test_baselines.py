@@ -14,6 +14,7 @@ from topocoll.solver.baselines import (
     BASELINES,
     double_binary_tree,
     hierarchical,
+    rank_order_ring,
     recursive_doubling,
     ring,
     ring_order,
@@ -80,6 +81,21 @@ def test_ring_follows_the_physical_ring():
     result = verify(ring(topo, Collective.ALLGATHER), topo)
     # every relay link carries each of the other 4 shards once
     assert result.t_bw_s_per_byte == pytest.approx((4 / 5) / H.PCIE_BW)
+
+
+def test_the_rank_order_ring_ignores_the_physical_ring():
+    """relay_ring(5) is cabled 0-1-2-3-4-0; in rank order 0,2,4,1,3 every hop crosses two
+    cables, so each cable carries twice what the physical ring puts on it."""
+    topo = H.relay_ring(5)
+    nodes = topo.compute_nodes()
+    shuffled = [nodes[i] for i in (0, 2, 4, 1, 3)]
+    blind = rank_order_ring(topo, Collective.ALLGATHER, shuffled)
+    assert blind.name == "rank_order_ring"
+    assert {(t.src, t.dst) for step in blind.steps for t in step} == {(i, (i + 1) % 5) for i in range(5)}
+    aware = verify(ring(topo, Collective.ALLGATHER, shuffled), topo)
+    assert verify(blind, topo).t_bw_s_per_byte == pytest.approx(2 * aware.t_bw_s_per_byte)
+    with pytest.raises(ScheduleError, match="must hold every rank"):
+        ring(topo, Collective.ALLGATHER, order=(0, 1, 1, 2, 3))
 
 
 def test_hierarchical_allreduce_sends_only_a_shard_across_hosts():

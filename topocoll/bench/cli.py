@@ -45,6 +45,9 @@ waiting for half an hour; five minutes covers a single 8 GiB operation over a 1 
 
 BACKENDS = ("topo", "gloo", "nccl")
 
+#: Baselines ``--planner`` can force (topocoll.solver.baselines).
+PLANNER_BASELINES = ("ring", "rank_order_ring", "double_binary_tree", "hierarchical", "recursive_doubling")
+
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser that raises instead of printing usage on every rank."""
@@ -85,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="topology file (default: for --backend topo, what the backend discovers on every host; else a flat one)",
     )
     setup.add_argument("--schedule", metavar="FILE", help="run this schedule (JSON) instead of synthesizing one")
+    setup.add_argument(
+        "--planner", default="auto", metavar="NAME",
+        help="schedules of the topo backend: auto (the planner's choice per size, default), lp, or a baseline "
+        f"run on the same executor: {', '.join(PLANNER_BASELINES)} (rank_order_ring: the ring in rank order, "
+        "blind to the topology)",
+    )
     setup.add_argument("--backend", default="topo", choices=BACKENDS, help="backend under test (default topo)")
     setup.add_argument("--baseline", default="auto", help="baseline backend: auto (gloo on CPU, nccl on GPU), gloo, nccl or none")
     setup.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="tensor device (default: cuda when available)")
@@ -120,6 +129,7 @@ class BenchConfig:
     device: str
     topology_path: str | None
     schedule_path: str | None
+    planner: str
     json_path: str | None
     csv_path: str | None
     plot_path: str | None
@@ -183,6 +193,11 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
     for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise BenchArgumentError(f"{option} {path}: directory {Path(path).resolve().parent} does not exist")
+    planner = args.planner.lower()
+    if planner not in ("auto", "lp", *PLANNER_BASELINES):
+        raise BenchArgumentError(f"unknown planner {args.planner!r}; expected auto, lp, {', '.join(PLANNER_BASELINES)}")
+    if planner != "auto" and (args.backend != "topo" or args.schedule):
+        raise BenchArgumentError("--planner chooses the topo backend's schedules: not with --backend gloo/nccl or --schedule")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -208,6 +223,7 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
         device=device,
         topology_path=args.topology,
         schedule_path=args.schedule,
+        planner=planner,
         json_path=args.json,
         csv_path=args.csv,
         plot_path=args.plot,
@@ -307,6 +323,20 @@ def _placed(setup: Setup, group: Any, config: BenchConfig) -> tuple[Setup, str |
     return placed, None
 
 
+def _named_planner(name: str):
+    """The topo backend's planner for ``--planner NAME`` (None: the default)."""
+    if name == "auto":
+        return None
+    from topocoll.solver import baselines
+
+    if name == "lp":
+        from topocoll.solver.synthesize import synthesize
+
+        return lambda topology, collective, ranks, root, size_bytes: synthesize(topology, collective, list(ranks), root=root).schedule
+    build = getattr(baselines, name)
+    return lambda topology, collective, ranks, root, size_bytes: build(topology, collective, list(ranks), root=root)
+
+
 def _schedule_planner(schedule: Any):
     from topocoll.collectives.plans import default_planner
 
@@ -386,7 +416,7 @@ def _run(launch: Launch, config: BenchConfig, setup: Setup, argv: list[str]) -> 
     if config.backend == "topo":
         from topocoll.collectives import TopoOptions
 
-        planner = _schedule_planner(setup.schedule) if setup.schedule is not None else None
+        planner = _schedule_planner(setup.schedule) if setup.schedule is not None else _named_planner(config.planner)
         pg_options = TopoOptions(topology=setup.topology, planner=planner)
     init_distributed(launch, config.backend, config.timeout_s, pg_options)
     try:
@@ -509,6 +539,8 @@ def _header_lines(config: BenchConfig, setup: Setup, launch: Launch, ranks: list
     lines += [f"  note: {note}" for note in topology.notes]
     if setup.schedule is not None:
         lines.append(f"Schedule: {config.schedule_path} ({setup.schedule.name or 'unnamed'}, {len(setup.schedule.steps)} steps)")
+    elif config.backend == "topo" and config.planner != "auto":
+        lines.append(f"Schedule: --planner {config.planner} (the same for every size)")
     elif config.backend == "topo":
         lines.append("Schedule: synthesized by topocoll.solver.plan for each size bucket")
     mode = "in place" if config.spec.in_place else "out of place"
@@ -554,6 +586,7 @@ def _config_dict(config: BenchConfig, setup: Setup, launch: Launch, argv: list[s
             "nodes": list(setup.nodes),
         },
         "schedule": config.schedule_path,
+        "planner": config.planner,
     }
 
 

@@ -352,8 +352,9 @@ def ring(
     root: int | None = None,
     nchunks: int | None = None,
     routes: RouteTable | None = None,
+    order: Sequence[int] | None = None,
 ) -> Schedule:
-    """Ring schedules over the best ring order (:func:`ring_order`).
+    """Ring schedules over the best ring order (:func:`ring_order`), or over ``order``.
 
     - allreduce: ring reduce-scatter then ring allgather, N segments, ``2(N−1)`` steps;
     - reduce-scatter / allgather: one ring pass, ``N−1`` steps, one chunk per shard;
@@ -373,6 +374,8 @@ def ring(
         Not used by the other collectives.
     routes : RouteTable, optional
         Routes to reuse (must cover ``ranks``).
+    order : sequence of int, optional
+        The ring as rank indices, each once (default: :func:`ring_order`).
 
     Returns
     -------
@@ -381,7 +384,7 @@ def ring(
     Raises
     ------
     ScheduleError
-        Invalid ranks, root or ``nchunks``.
+        Invalid ranks, root, ``nchunks`` or ``order``.
     SolverError
         Two ranks cannot reach each other.
     """
@@ -390,7 +393,12 @@ def ring(
     name = "ring"
     if n == 1:
         return _trivial(plan, name)
-    order = ring_order(topology, plan.ranks, plan.routes)
+    if order is None:
+        order = ring_order(topology, plan.ranks, plan.routes)
+    elif sorted(order) != list(range(n)):
+        raise ScheduleError(f"ring order {list(order)} must hold every rank 0..{n - 1} once")
+    else:
+        order, name = tuple(order), "rank_order_ring"
     c = plan.collective
     if c is Collective.ALLREDUCE:
         chunks = _even_chunks(n)
@@ -413,6 +421,21 @@ def ring(
         chain = _rotate(order, plan.root)[1:] + [plan.root]
     _chain(plan, chain, [ch.id for ch in chunks], Op.COPY if c is Collective.BROADCAST else Op.REDUCE)
     return plan.build(name, chunks)
+
+
+def rank_order_ring(
+    topology: Topology,
+    collective: Collective | str,
+    ranks: Sequence[str] | None = None,
+    root: int | None = None,
+    nchunks: int | None = None,
+    routes: RouteTable | None = None,
+) -> Schedule:
+    """The ring in rank order 0, 1, ..., N-1, one route per hop: what a collective library
+    that knows nothing of the topology runs (the control that separates the schedule's effect
+    from the executor's). Same parameters as :func:`ring`."""
+    plan_ranks = list(ranks) if ranks is not None else list(topology.compute_nodes())
+    return ring(topology, collective, ranks, root, nchunks, routes, order=range(len(plan_ranks)))
 
 
 def _pieces(nchunks: int | None, depth: int) -> int:
