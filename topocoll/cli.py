@@ -24,12 +24,13 @@ typical use:
   topocoll synthesize --topology cluster.json --collective allreduce -o ar.json
   topocoll verify ar.json --topology cluster.json
   topocoll simulate --topology cluster.json --collective allreduce --sizes 1K:1G
+  topocoll emulate run two-racks -- python -m topocoll.bench allreduce   # K emulated hosts (root)
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand registered."""
-    from topocoll.bench import simulate_cli
+    from topocoll.bench import emulate_cli, simulate_cli
     from topocoll.solver import cli as solver_cli
     from topocoll.topo import cli as topo_cli
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     topo_cli.register(sub)
     solver_cli.register(sub)
     simulate_cli.register(sub)
+    emulate_cli.register(sub)
     return parser
 
 
