@@ -373,7 +373,7 @@ def test_failing_rank_stops_the_others_tears_down_and_gives_its_status(tmp_path,
     shm_before = set(os.listdir("/dev/shm"))
     started = time.monotonic()
     status = main(["emulate", "run", "uniform", "--no-delay", "--state-dir", str(state), "--",
-                   "sh", "-c", 'echo "rank $RANK of $WORLD_SIZE on $(hostname)"; [ "$RANK" = 2 ] && exit 7; sleep 60'])
+                   "sh", "-c", 'echo "rank $RANK of $WORLD_SIZE on $(hostname)"; [ "$RANK" = 2 ] && sleep 1 && exit 7; sleep 60'])
     assert status == 7
     assert time.monotonic() - started < 30  # the sleepers were stopped, not waited for
     out, err = capfd.readouterr()
@@ -491,3 +491,17 @@ def test_multi_rail_stream_on_eth1_is_counted_on_eth1_only(emulated):
     sent = {ifname: cluster.interface_stats("h0", ifname) - before[ifname] for ifname in before}
     assert sent["eth1"] >= size_bytes
     assert sent["eth0"] < 64 * 1024, sent  # at most neighbour discovery, nothing of the stream
+
+
+def test_refusals_without_root_or_tools_are_one_line_and_create_nothing(monkeypatch, capsys, tmp_path):
+    from topocoll.bench import emulate
+
+    monkeypatch.setattr(emulate.os, "geteuid", lambda: 1000)
+    assert main(["emulate", "run", "uniform", "--state-dir", str(tmp_path), "--", "true"]) == 2
+    assert capsys.readouterr().err.strip() == "topocoll: error: emulated hosts need root (network namespaces, tc, mounts); run as root"
+    monkeypatch.setattr(emulate.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(emulate.shutil, "which", lambda tool: None if tool == "tc" else "/bin/" + tool)
+    assert main(["emulate", "up", "uniform", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("topocoll: error: missing command(s) tc") and "\n" not in err
+    assert list(tmp_path.iterdir()) == []

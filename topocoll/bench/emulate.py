@@ -85,8 +85,12 @@ HOLDER_READY_S = 10.0
 COMMAND_TIMEOUT_S = 20.0
 
 # The holder: in new mount and UTS namespaces (inside the host's network namespace), a private
-# tmpfs on /dev/shm and the host's name, then nothing but waiting (exec keeps the pid).
-_HOLDER_SCRIPT = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$1" && echo ready && exec sleep infinity'
+# tmpfs on /dev/shm, the host's name, an /etc/hosts naming every emulated host (so that 'h2'
+# resolves, and addresses resolve back to names), then nothing but waiting (exec keeps the pid).
+_HOLDER_SCRIPT = (
+    'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$1" && mount --bind "$2" /etc/hosts '
+    "&& echo ready && exec sleep infinity"
+)
 
 
 # ------------------------------------------------------------------------------ checks
@@ -327,6 +331,7 @@ class EmulatedCluster:
         self.subnet_base = subnet_base
         self.truth_path = self.state_dir / f"{self.run_id}.truth.json"
         self.state_path = self.state_dir / f"{self.run_id}.state.json"
+        self.hosts_path = self.state_dir / f"{self.run_id}.hosts"
         self._holders: dict[str, int] = {}
         self._holder_procs: list[subprocess.Popen] = []
         self._up = False
@@ -368,6 +373,7 @@ class EmulatedCluster:
             for argv in commands[n_ns:]:
                 _run(argv)
             save_topology(scenario_topology(self.scenario, delays_applied=self.plan.apply_delays), self.truth_path)
+            fileio.write_atomic(self.hosts_path, self.plan.hosts_file())
             for host in self.scenario.hosts:
                 self._start_holder(host)
             self._write_state()
@@ -388,7 +394,7 @@ class EmulatedCluster:
 
     def _start_holder(self, host: str) -> None:
         ns = self.plan.namespace(host)
-        argv = ["ip", "netns", "exec", ns, "unshare", "-m", "-u", "--propagation", "private", "--", "sh", "-c", _HOLDER_SCRIPT, "sh", host]
+        argv = ["ip", "netns", "exec", ns, "unshare", "-m", "-u", "--propagation", "private", "--", "sh", "-c", _HOLDER_SCRIPT, "sh", host, str(self.hosts_path)]
         env = {**os.environ, RUN_MARKER: self.run_id}
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
         self._holder_procs.append(proc)
@@ -410,7 +416,7 @@ class EmulatedCluster:
             "scenario": self.scenario.name,
             "namespaces": list(self.plan.namespaces),
             "hosts": {host: {"namespace": ns, "holder_pid": self._holders.get(host)} for host, ns in self.plan.host_namespaces},
-            "files": [str(self.truth_path)],
+            "files": [str(self.truth_path), str(self.hosts_path)],
             "truth": str(self.truth_path),
             "addresses": {n.host + "." + n.ifname: n.address for n in self.plan.nics},
         }
@@ -428,7 +434,7 @@ class EmulatedCluster:
             {
                 "run_id": self.run_id,
                 "namespaces": list(self.plan.namespaces),
-                "files": [str(self.truth_path)],
+                "files": [str(self.truth_path), str(self.hosts_path)],
                 "path": str(self.state_path),
             }
         )

@@ -540,6 +540,12 @@ class NetworkPlan:
                 return nic.address
         raise ScenarioError(f"host {host!r} has no interface {ifname!r}")
 
+    def hosts_file(self) -> str:
+        """Text of the ``/etc/hosts`` every emulated host sees: each address with its host's name."""
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost"]
+        lines += [f"{nic.address}\t{nic.host}" for nic in self.nics]
+        return "\n".join(lines) + "\n"
+
     def fabric_interfaces(self) -> tuple[str, ...]:
         """Names of every interface made in the fabric namespace (bridges and veth ends)."""
         names = [b for _, b in self.bridges]
