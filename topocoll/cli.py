@@ -25,12 +25,13 @@ typical use:
   topocoll verify ar.json --topology cluster.json
   topocoll simulate --topology cluster.json --collective allreduce --sizes 1K:1G
   torchrun --nproc-per-node 2 -m topocoll.cli topo probe -o probed.json
+  topocoll emulate run two-racks -- python -m topocoll.bench allreduce   # K emulated hosts (root)
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand registered."""
-    from topocoll.bench import probe_cli, simulate_cli
+    from topocoll.bench import emulate_cli, probe_cli, simulate_cli
     from topocoll.solver import cli as solver_cli
     from topocoll.topo import cli as topo_cli
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_cli.register(topo_cli.register(sub))
     solver_cli.register(sub)
     simulate_cli.register(sub)
+    emulate_cli.register(sub)
     return parser
 
 

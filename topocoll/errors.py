@@ -34,3 +34,11 @@ class CollectiveError(TopocollError, RuntimeError):
 
 class UsageError(TopocollError, ValueError):
     """A command-line argument is invalid (bad size, unknown name, out-of-range root, ...)."""
+
+
+class ScenarioError(TopocollError, ValueError):
+    """An emulation scenario is invalid; the message names the file and the element."""
+
+
+class EmulateError(TopocollError, RuntimeError):
+    """Emulated hosts cannot be brought up here: not root, a missing tool, a kernel without a qdisc."""
