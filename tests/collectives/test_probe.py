@@ -60,3 +60,17 @@ def test_a_rank_that_never_comes_makes_the_others_raise():
     _, results, errors = run_ranks((0, 1), timeout_s=2.0)
     assert not results
     assert set(errors) == {0, 1} and all(isinstance(e, CollectiveError) for e in errors.values())
+
+
+def test_rates_are_taken_over_the_window_all_flows_run():
+    """Flow 0 takes 1 s for its 16 pieces; flow 1 runs at half its rate until then (8 pieces),
+    then alone at full speed. Over the common window of 1 s: 16 and 8 pieces' worth."""
+    import torch
+
+    from topocoll.collectives.probe import PIECES, window_rates
+
+    size = 16 * 1000
+    fast = [(k + 1) / PIECES for k in range(PIECES)]
+    slow = [2 * (k + 1) / PIECES for k in range(8)] + [1 + (k + 1) / PIECES for k in range(8)]
+    rates = window_rates(torch.tensor([fast, slow], dtype=torch.float64), size)
+    assert rates == pytest.approx((size / 1.0, size / 2 / 1.0))

@@ -269,6 +269,10 @@ def _netns_list() -> list[str]:
 
 
 # --------------------------------------------------------------------------- cluster
+#: The topo backend's topology variable: the truth unless the caller set one.
+TOPOLOGY_VARIABLE = "TOPOCOLL_TOPOLOGY"
+
+
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """Outcome of :meth:`EmulatedCluster.run_ranks`.
@@ -535,7 +539,8 @@ class EmulatedCluster:
         stdout, stderr : text streams, optional
         env : mapping, optional
             Base environment (default ours); the rank variables of :meth:`rank_environment`
-            are added, and ``OMP_NUM_THREADS`` = cores / ranks unless set (the ranks share
+            are added (``TOPOCOLL_TOPOLOGY`` only when the base has none: a topology the
+            caller chose, e.g. a probed one, is kept), and ``OMP_NUM_THREADS`` = cores / ranks unless set (the ranks share
             this machine's cores, as torchrun's co-located ranks do).
 
         Returns
@@ -557,8 +562,11 @@ class EmulatedCluster:
         try:
             for rank in range(world):
                 host = self.scenario.hosts[rank]
+                rank_env = self.rank_environment(rank, world, port)
+                if base.get(TOPOLOGY_VARIABLE):  # a topology the caller chose (a probed one) wins
+                    rank_env[TOPOLOGY_VARIABLE] = base[TOPOLOGY_VARIABLE]
                 proc = self.host_popen(
-                    host, argv, env={**base, **self.rank_environment(rank, world, port)},
+                    host, argv, env={**base, **rank_env},
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 )
                 procs.append(proc)

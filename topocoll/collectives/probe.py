@@ -2,11 +2,18 @@
 
 Every rank of a group walks the same list of experiments in the same order. For one
 experiment the senders of its flows send and the receivers receive, all at once after a
-barrier; each receiver times its flow from the barrier to the last byte. A first round with
-``initial_bytes`` per flow finds the speed; when it was shorter than ``target_s`` a second
-round sends enough bytes to last about ``target_s`` (at most ``max_bytes``), so that the rate
-is that of a full stream, not of its start. The durations are summed across ranks (each flow
-has one receiver), so every rank computes the same rates and the same calibrated topology.
+barrier. Each flow is sent as :data:`PIECES` messages in a row, and its receiver notes when
+each arrived. Flows that share a limit do not finish together (the first to finish leaves the
+link to the others), so a flow's rate is taken over the *common window*, from the barrier to
+the moment the first flow of the experiment finished: the bytes it had received by then
+(interpolated between its pieces) over that time. Those are the rates of flows sharing the
+links as they all run, which is what :func:`~topocoll.topo.calibrate.calibrate` reads.
+
+A first round with ``initial_bytes`` per flow finds the speed; when it was shorter than
+``target_s`` a second round sends enough bytes to last about ``target_s`` (at most
+``max_bytes``), so that the rate is that of a full stream, not of its start. Arrival times are
+summed across ranks (each flow has one receiver), so every rank computes the same rates and
+the same calibrated topology.
 
 Latency: each probed pair exchanges ``latency_rounds`` one-byte messages back and forth on its
 first channel; half the median round trip is its one-way latency.
@@ -36,6 +43,9 @@ from topocoll.topo.rails import Rails
 __all__ = ["ProbeSettings", "run_probe"]
 
 logger = logging.getLogger(__name__)
+
+#: Messages per flow: the resolution of the common window (one piece in 16 is 6 %).
+PIECES = 16
 
 #: Tag of probe messages on the inner groups (the executor's own start at 1 and count up per
 #: pair within one collective; a probe runs while no collective does).
@@ -85,26 +95,49 @@ def _sum(channel0: Any, values: torch.Tensor, timeout: timedelta, rank: int) -> 
 
 
 def _timed_round(channels: Sequence[Any], rank: int, experiment: Experiment, size: int, timeout: timedelta, tag: int) -> torch.Tensor:
-    """Durations (s) of the experiment's flows with ``size`` bytes each, known on every rank."""
-    durations = torch.zeros(len(experiment.flows), dtype=torch.float64)
+    """Arrival time (s after the start) of every piece of every flow of ``size`` bytes: a
+    (flows, PIECES) tensor, known on every rank."""
+    arrivals = torch.zeros(len(experiment.flows), PIECES, dtype=torch.float64)
     mine = [f for f in experiment.flows if rank in (f.src, f.dst)]
-    buffer = torch.empty(size * max(1, len(mine)), dtype=torch.uint8) if mine else None
+    piece = -(-size // PIECES)
+    buffer = torch.empty(piece * PIECES * max(1, len(mine)), dtype=torch.uint8)
     _sum(channels[0], torch.zeros(1), timeout, rank)  # everyone starts together
     start = time.perf_counter()
-    works = []
+    receiving, sending = [], []
     for index, flow in enumerate(experiment.flows):
-        group = channels[flow.channel]
-        if flow.dst == rank:
-            slot = mine.index(flow)
-            works.append((index, group.recv([buffer[size * slot : size * (slot + 1)]], flow.src, tag + index)))
-        elif flow.src == rank:
-            slot = mine.index(flow)
-            works.append((None, group.send([buffer[size * slot : size * (slot + 1)]], flow.dst, tag + index)))
-    for index, work in works:
+        if rank not in (flow.src, flow.dst):
+            continue
+        group, base = channels[flow.channel], piece * PIECES * mine.index(flow)
+        for k in range(PIECES):
+            view = buffer[base + piece * k : base + piece * (k + 1)]
+            if flow.dst == rank:
+                receiving.append((index, k, group.recv([view], flow.src, tag + PIECES * index + k)))
+            else:
+                sending.append(group.send([view], flow.dst, tag + PIECES * index + k))
+    for index, k, work in receiving:  # in posting order: a pair's messages arrive in order
         _wait(work, timeout, rank, experiment.describe())
-        if index is not None:
-            durations[index] = time.perf_counter() - start
-    return _sum(channels[0], durations, timeout, rank)
+        arrivals[index, k] = time.perf_counter() - start
+    for work in sending:
+        _wait(work, timeout, rank, experiment.describe())
+    return _sum(channels[0], arrivals.flatten(), timeout, rank).view(len(experiment.flows), PIECES)
+
+
+def window_rates(arrivals: torch.Tensor, size: int) -> tuple[float, ...]:
+    """Each flow's rate over the common window: bytes received by the time the first flow
+    finished, over that time (interpolated between pieces)."""
+    piece = size / arrivals.shape[1]
+    window = float(arrivals[:, -1].min())
+    rates = []
+    for times in arrivals.tolist():
+        received, previous = 0.0, 0.0
+        for t in times:
+            if t <= window:
+                received, previous = received + piece, t
+            else:
+                received += piece * (window - previous) / max(t - previous, 1e-12)
+                break
+        rates.append(received / max(window, 1e-9))
+    return tuple(rates)
 
 
 def _latency(channels: Sequence[Any], rank: int, experiments: Sequence[Experiment], rounds: int, timeout: timedelta) -> dict[tuple[int, int], float]:
@@ -185,16 +218,16 @@ def run_probe(
     measurements = []
     began = time.perf_counter()
     for number, experiment in enumerate(experiments):
-        tag = _PROBE_TAG + 16 * number
+        tag = _PROBE_TAG + 4000 * number
         _timed_round(channels, rank, experiment, min(64 << 10, settings.initial_bytes), timeout, tag)  # connect, warm up
         size = settings.initial_bytes
-        durations = _timed_round(channels, rank, experiment, size, timeout, tag + 4)
-        longest = float(durations.max())
+        arrivals = _timed_round(channels, rank, experiment, size, timeout, tag + 1000)
+        longest = float(arrivals.max())
         if longest < settings.target_s and size < settings.max_bytes:
             size = min(settings.max_bytes, int(size * settings.target_s / max(longest, 1e-6) * 1.1))
-            durations = _timed_round(channels, rank, experiment, size, timeout, tag + 8)
-        rates = tuple(size / max(float(d), 1e-9) for d in durations)
-        measurements.append(Measurement(experiment, rates))
+            arrivals = _timed_round(channels, rank, experiment, size, timeout, tag + 2000)
+        rates = window_rates(arrivals, size)
+        measurements.append(Measurement(experiment, rates, size, tuple(max(float(t), 1e-9) for t in arrivals[:, -1])))
         if progress is not None:
             shown = ", ".join(f"{r / 1e6:.3g}" for r in rates)
             progress(f"probe {number + 1}/{len(experiments)}: {experiment.describe()}: {shown} MB/s ({size} B per flow)")

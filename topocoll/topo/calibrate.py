@@ -19,8 +19,10 @@ Only pairs whose route is unique are used: the fewest-hop path of the channel's 
 graph (rank nodes may forward, as a host routing packets does); pairs with two equally short
 routes (the two ways round a ring) are left out, since the network could take either.
 
-Inference (:func:`calibrate`): the load of a link in an experiment is the sum of the measured
-rates of its flows. Links that carry exactly the same flows in every experiment (a NIC's link
+Inference (:func:`calibrate`): the load of a link in an experiment is the sum of the rates of
+its flows while all of them ran, or, when larger, the bytes of its flows over the time until the
+last of them finished (TCP flows into one shaped link share it unfairly: one may take most of
+it while the other waits, and then have it alone; the link was busy throughout). Links that carry exactly the same flows in every experiment (a NIC's link
 to its switch and its link into its host) cannot be told apart by any measurement; they form
 one *class*. A class's capacity is at least the largest load it carried. The class is
 *identified* when, in some experiment, it is the only class on a flow's path loaded to within
@@ -95,16 +97,36 @@ class Experiment:
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """The rate of every flow of ``experiment``, in its order (bytes per second)."""
+    """What one experiment measured, per flow in the experiment's order.
+
+    Parameters
+    ----------
+    experiment : Experiment
+    rates_bytes_per_s : tuple of float
+        Each flow's rate while all of them ran (the common window).
+    size_bytes : int, optional
+        Bytes every flow sent.
+    durations_s : tuple of float, optional
+        How long each flow took in full. With ``size_bytes``, a second view of a link's load:
+        all its flows' bytes over the time until the last finished, which stays right when
+        flows share a link unfairly (one hogs it, then leaves it to the other).
+    """
 
     experiment: Experiment
     rates_bytes_per_s: tuple[float, ...]
+    size_bytes: int | None = None
+    durations_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if len(self.rates_bytes_per_s) != len(self.experiment.flows):
-            raise TopologyError(f"{self.experiment.describe()}: {len(self.rates_bytes_per_s)} rates for {len(self.experiment.flows)} flows")
+        where, n = self.experiment.describe(), len(self.experiment.flows)
+        if len(self.rates_bytes_per_s) != n:
+            raise TopologyError(f"{where}: {len(self.rates_bytes_per_s)} rates for {n} flows")
         if not all(rate > 0 for rate in self.rates_bytes_per_s):
-            raise TopologyError(f"{self.experiment.describe()}: every measured rate must be > 0, got {self.rates_bytes_per_s}")
+            raise TopologyError(f"{where}: every measured rate must be > 0, got {self.rates_bytes_per_s}")
+        if (self.size_bytes is None) != (self.durations_s is None):
+            raise TopologyError(f"{where}: size_bytes and durations_s go together")
+        if self.durations_s is not None and (len(self.durations_s) != n or not all(d > 0 for d in self.durations_s) or not self.size_bytes > 0):
+            raise TopologyError(f"{where}: need {n} durations > 0 and size_bytes > 0, got {self.durations_s}, {self.size_bytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,8 +289,12 @@ def calibrate(
     class_of = {link: key for key, links in classes.items() for link in links}
 
     def load(key: frozenset, m_index: int) -> float:
-        rates = measurements[m_index].rates_bytes_per_s
-        return sum(rates[f] for m, f in key if m == m_index)
+        measurement = measurements[m_index]
+        mine = [f for m, f in key if m == m_index]
+        concurrent = sum(measurement.rates_bytes_per_s[f] for f in mine)
+        if measurement.durations_s is None:
+            return concurrent
+        return max(concurrent, len(mine) * measurement.size_bytes / max(measurement.durations_s[f] for f in mine))
 
     largest = {key: max(load(key, m) for m, _ in key) for key in classes}
     identified: set[frozenset] = set()

@@ -1,0 +1,209 @@
+"""Topology-aware schedules against topology-blind ones on emulated clusters (root).
+
+For every scenario (``topocoll emulate list``): bring the cluster up, give the ranks the
+scenario's *structure* with every network link at the speed a NIC that reports none is assumed
+to have (NCCL's 10 Gb/s socket default: what discovery would say of these virtual NICs),
+probe it (``topocoll topo probe``), then run ``topocoll-bench`` on the probed topology for each
+collective three ways on the same hosts:
+
+- ``topo``: the topo backend, schedules from the planner on the probed topology;
+- ``ring``: the same executor with the ring in rank order (``--planner rank_order_ring``),
+  blind to the topology: what separates the schedule's effect from the executor's;
+- ``gloo``: gloo's own collective.
+
+``topocoll simulate`` predicts topo's time on the probed topology for comparison. Results go
+to ``OUT/<scenario>.json`` and ``.png`` (busbw against size) and one table, ``OUT/README.md``.
+
+usage: sudo .venv/bin/python benchmarks/emulated.py [--scenarios a,b] [--sizes 16M,64M] [-o DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from topocoll.bench import scenario as sc  # noqa: E402
+from topocoll.bench.emulate import EmulatedCluster  # noqa: E402
+from topocoll.topo import bandwidth as bw  # noqa: E402
+from topocoll.topo.io import load_topology, save_topology  # noqa: E402
+from topocoll.topo.model import Link, LinkKind, Topology  # noqa: E402
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+SERIES = ("topo", "ring", "gloo")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def nominal(truth: Topology) -> Topology:
+    """The truth's structure, every network link at NCCL's assumed socket speed."""
+    guess = bw.net_bw_bytes_per_s(bw.SOCKET_DEFAULT_SPEED_BITS_PER_S)
+    links = [Link(l.src, l.dst, l.kind, guess if l.kind is LinkKind.NET else l.bw_bytes_per_s, l.latency_s, l.count) for l in truth.links]
+    return Topology(truth.nodes, links, name=f"{truth.name} (nominal)", notes=("network links at the assumed 10 Gb/s of a NIC reporting no speed",))
+
+
+def run(cluster: EmulatedCluster, argv: list[str], env: dict[str, str], timeout_s: float) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    result = cluster.run_ranks(argv, timeout_s=timeout_s, stdout=out, stderr=err, env={**os.environ, **env})
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} ... failed ({result.returncode}):\n{err.getvalue()[-3000:]}")
+    return out.getvalue() + err.getvalue()
+
+
+def probe_accuracy(truth: Topology, probed: Topology) -> list[dict]:
+    """Each network link's probed rate against its tc setting."""
+    rows = []
+    for link in truth.links:
+        if link.kind is LinkKind.NET:
+            got = probed.link(link.src, link.dst).bw_bytes_per_s
+            rows.append({"link": f"{link.src}->{link.dst}", "set_bytes_per_s": link.bw_bytes_per_s, "probed_bytes_per_s": got,
+                         "error_percent": 100 * (got - link.bw_bytes_per_s) / link.bw_bytes_per_s})
+    return rows
+
+
+def bench(cluster, collective, extra, topology_path, sizes, iters, work: Path, tag: str) -> dict:
+    out = work / f"{collective}-{tag}.json"
+    argv = [sys.executable, "-m", "topocoll.bench", collective, "-b", sizes[0], "-e", sizes[-1], "-f", "2",
+            "-n", str(iters), "-w", "1", "-c", "1", "-q", "-J", str(out), *extra]
+    run(cluster, argv, {"TOPOCOLL_TOPOLOGY": str(topology_path), "PYTHONPATH": str(REPO)}, timeout_s=1800)
+    return json.loads(out.read_text())
+
+
+def simulate(topology_path: Path, collective: str, sizes: list[str], work: Path) -> dict[int, float]:
+    from topocoll.cli import main as topocoll
+
+    out = work / f"{collective}-sim.json"
+    with open(os.devnull, "w") as sink:
+        stdout, sys.stdout = sys.stdout, sink
+        try:
+            status = topocoll(["simulate", "--topology", str(topology_path), "--collective", collective,
+                               "--sizes", ",".join(sizes), "-J", str(out)])
+        finally:
+            sys.stdout = stdout
+    if status != 0:
+        raise RuntimeError(f"topocoll simulate failed for {collective}")
+    return {row["size_bytes"]: row["results"]["topocoll"]["time_s"] for row in json.loads(out.read_text())["rows"]}
+
+
+def measure(name: str, sizes: list[str], iters: int, delays: bool) -> dict:
+    scenario = sc.load_scenario(name)
+    with tempfile.TemporaryDirectory(prefix="topocoll-emulated-") as tmp:
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        with EmulatedCluster(scenario, state_dir=work / "state", apply_delays=delays) as cluster:
+            truth = load_topology(cluster.truth_path)
+            save_topology(nominal(truth), work / "nominal.json")
+            say(f"{name}: probing")
+            began = time.monotonic()
+            log = run(cluster, [sys.executable, "-m", "topocoll.cli", "topo", "probe", "-o", str(work / "probed.json")],
+                      {"TOPOCOLL_TOPOLOGY": str(work / "nominal.json"), "PYTHONPATH": str(REPO)}, timeout_s=600)
+            probe_s = time.monotonic() - began
+            probed = load_topology(work / "probed.json")
+            save_topology(probed, work / "probed.json")
+            result = {"scenario": name, "description": scenario.description, "hosts": len(scenario.hosts),
+                      "delays_applied": delays, "probe_s": probe_s, "probe_log": [l for l in log.splitlines() if "probe" in l][-40:],
+                      "probe_accuracy": probe_accuracy(truth, probed), "probed_topology": json.loads((work / "probed.json").read_text()),
+                      "collectives": {}}
+            for collective in COLLECTIVES:
+                say(f"{name}: {collective}")
+                topo = bench(cluster, collective, ["--baseline", "gloo"], work / "probed.json", sizes, iters, work, "topo")
+                ring = bench(cluster, collective, ["--planner", "rank_order_ring", "--baseline", "none"], work / "probed.json", sizes, iters, work, "ring")
+                predicted = simulate(work / "probed.json", collective, sizes, work)
+                rows = []
+                for a, b in zip(topo["rows"], ring["rows"]):
+                    size = a["size_bytes"]
+                    rows.append({
+                        "size_bytes": size,
+                        "busbw_bytes_per_s": {"topo": a["results"]["topo"]["busbw_bytes_per_s"], "ring": b["results"]["topo"]["busbw_bytes_per_s"],
+                                              "gloo": a["results"]["baseline"]["busbw_bytes_per_s"]},
+                        "time_s": {"topo": a["results"]["topo"]["time_s"], "ring": b["results"]["topo"]["time_s"], "gloo": a["results"]["baseline"]["time_s"]},
+                        "wrong": a["results"]["topo"]["wrong"] + b["results"]["topo"]["wrong"] + a["results"]["baseline"]["wrong"],
+                        "bound_busbw_bytes_per_s": a["bound_busbw_bytes_per_s"],
+                        "predicted_time_s": predicted.get(size),
+                    })
+                result["collectives"][collective] = {"rows": rows, "command": topo["config"]["command"]}
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(result["collectives"]), figsize=(4 * len(result["collectives"]), 3.4), squeeze=False)
+    for ax, (collective, data) in zip(axes[0], result["collectives"].items()):
+        sizes = [r["size_bytes"] / 2**20 for r in data["rows"]]
+        for series, style in zip(SERIES, ("o-", "s--", "^:")):
+            ax.plot(sizes, [r["busbw_bytes_per_s"][series] / 1e6 for r in data["rows"]], style, label=series)
+        ax.plot(sizes, [r["bound_busbw_bytes_per_s"] / 1e6 for r in data["rows"]], "k-", lw=0.8, label="bound (probed)")
+        ax.set_xscale("log", base=2)
+        ax.set_title(collective)
+        ax.set_xlabel("size (MiB)")
+        ax.set_ylabel("busbw (MB/s)")
+        ax.set_ylim(bottom=0)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{result['scenario']}: {result['hosts']} emulated hosts")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| scenario | collective | size | topo MB/s | ring MB/s | gloo MB/s | topo/gloo | topo/ring | bound MB/s | % bound | simulate vs measured | wrong |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for result in results:
+        for collective, data in result["collectives"].items():
+            for r in data["rows"]:
+                b = r["busbw_bytes_per_s"]
+                predicted = r["predicted_time_s"]
+                sim = f"{100 * (predicted - r['time_s']['topo']) / r['time_s']['topo']:+.0f} %" if predicted else "-"
+                lines.append(
+                    f"| {result['scenario']} | {collective} | {r['size_bytes'] >> 20} MiB | {b['topo'] / 1e6:.2f} | {b['ring'] / 1e6:.2f} | "
+                    f"{b['gloo'] / 1e6:.2f} | {b['topo'] / b['gloo']:.2f}x | {b['topo'] / b['ring']:.2f}x | "
+                    f"{r['bound_busbw_bytes_per_s'] / 1e6:.2f} | {100 * b['topo'] / r['bound_busbw_bytes_per_s']:.0f} | {sim} | {r['wrong']} |"
+                )
+    lines += ["", "| scenario | probe time | links | worst error of probed against tc rate |", "|---|---|---|---|"]
+    for result in results:
+        errors = [abs(r["error_percent"]) for r in result["probe_accuracy"]]
+        lines.append(f"| {result['scenario']} | {result['probe_s']:.1f} s | {len(errors)} | {max(errors):.1f} % |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default=",".join(sc.shipped_scenarios()), help="comma-separated (default: all shipped)")
+    parser.add_argument("--sizes", default="16M,32M,64M", help="sizes, smallest to largest, doubling (default 16M,32M,64M)")
+    parser.add_argument("-n", "--iters", type=int, default=3, help="timed operations per size (default 3)")
+    parser.add_argument("--delays", action="store_true", help="emulate the scenarios' delays too (needs the netem qdisc)")
+    parser.add_argument("-o", "--out", default=str(REPO / "benchmarks" / "results" / "emulated"), help="results folder")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.scenarios.split(","):
+        result = measure(name, args.sizes.split(","), args.iters, args.delays)
+        result["command"] = "sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:])
+        (out / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        plot(result, out / f"{name}.png")
+        results.append(result)
+        say(table([result]))
+    summary = out / "README.md"
+    header = "# topo against topology-blind collectives on emulated clusters\n\nCommand: `sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:]) + "`\n\n"
+    summary.write_text(header + table(results))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
