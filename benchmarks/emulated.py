@@ -33,9 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from topocoll.bench import scenario as sc  # noqa: E402
 from topocoll.bench.emulate import EmulatedCluster  # noqa: E402
-from topocoll.topo import bandwidth as bw  # noqa: E402
 from topocoll.topo.io import load_topology, save_topology  # noqa: E402
-from topocoll.topo.model import Link, LinkKind, Topology  # noqa: E402
+from topocoll.topo.model import LinkKind, Topology  # noqa: E402
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 SERIES = ("topo", "ring", "gloo")
@@ -43,13 +42,6 @@ SERIES = ("topo", "ring", "gloo")
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def nominal(truth: Topology) -> Topology:
-    """The truth's structure, every network link at NCCL's assumed socket speed."""
-    guess = bw.net_bw_bytes_per_s(bw.SOCKET_DEFAULT_SPEED_BITS_PER_S)
-    links = [Link(l.src, l.dst, l.kind, guess if l.kind is LinkKind.NET else l.bw_bytes_per_s, l.latency_s, l.count) for l in truth.links]
-    return Topology(truth.nodes, links, name=f"{truth.name} (nominal)", notes=("network links at the assumed 10 Gb/s of a NIC reporting no speed",))
 
 
 def run(cluster: EmulatedCluster, argv: list[str], env: dict[str, str], timeout_s: float) -> str:
@@ -102,7 +94,7 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool) -> dict:
         os.chmod(work, 0o755)
         with EmulatedCluster(scenario, state_dir=work / "state", apply_delays=delays) as cluster:
             truth = load_topology(cluster.truth_path)
-            save_topology(nominal(truth), work / "nominal.json")
+            save_topology(sc.assumed_rates(truth), work / "nominal.json")
             say(f"{name}: probing")
             began = time.monotonic()
             log = run(cluster, [sys.executable, "-m", "topocoll.cli", "topo", "probe", "-o", str(work / "probed.json")],

@@ -2,10 +2,13 @@
 
 usage: python -m tests.bench.emulated_worker rails both|rail0 SIZE_BYTES
        python -m tests.bench.emulated_worker collectives
+       python -m tests.bench.emulated_worker probed
 
 ``rails``: a broadcast from rank 0 to rank 1 of a two-rank group on ``multi-rail``, by a
 schedule of two halves: over both rails (``both``) or both over rail 0 (``rail0``); prints
 ``rails N`` (the group's rail count) and checks the data.
+``probed``: a ``topo`` group (run with ``TOPOCOLL_PROBE=1``); prints ``probed <digest>`` and
+``link SRC DST BW`` for each network link of the topology the group plans on.
 ``collectives``: every collective of ``topo`` on the truth topology, checked bit for bit against
 gloo's on the same inputs; prints ``ok COLLECTIVE`` per collective.
 Exits 1 on a wrong result.
@@ -20,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from topocoll.collectives import TopoOptions
-from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
+from topocoll.solver.schedule import Chunk, Op, Schedule, Transfer
 
 
 def two_rail_planner(both: bool):
@@ -81,7 +84,23 @@ def collectives() -> int:
     return 1 if wrong else 0
 
 
+def probed() -> int:
+    dist.init_process_group("topo", timeout=timedelta(seconds=60))
+    topology = dist.group.WORLD.topology
+    print(f"probed {topology.digest()}", flush=True)
+    for link in topology.links:
+        if link.kind.value == "net":
+            print(f"link {link.src} {link.dst} {link.bw_bytes_per_s}", flush=True)
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    ok = bool((x == dist.get_world_size()).all())
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "probed":
+        sys.exit(probed())
     if sys.argv[1] == "rails":
         sys.exit(rails(sys.argv[2], int(sys.argv[3])))
     sys.exit(collectives())

@@ -16,9 +16,9 @@ WORKER = [sys.executable, "-m", "tests.bench.emulated_worker"]
 MIB = 1 << 20
 
 
-def run(cluster, args, ranks=None):
+def run(cluster, args, ranks=None, **variables):
     out, err = io.StringIO(), io.StringIO()
-    env = {**os.environ, "PYTHONPATH": PACKAGE_PARENT}
+    env = {**os.environ, "PYTHONPATH": PACKAGE_PARENT, **variables}
     result = cluster.run_ranks([*WORKER, *args], ranks=ranks, timeout_s=90, stdout=out, stderr=err, env=env)
     assert result.returncode == 0, err.getvalue()[-3000:]
     return out.getvalue()
@@ -50,3 +50,38 @@ def test_every_collective_matches_gloo_on_the_smallest_scenario(emulated):  # no
     for host in scenarios[smallest].hosts:
         for name in ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"):
             assert f"[{host}] ok {name}" in out, out[-2000:]
+
+
+@root
+@pytest.mark.timeout(150)
+def test_the_backend_probes_at_start_and_caches_per_topology(emulated, tmp_path):  # noqa: F811
+    """TOPOCOLL_PROBE=1 on multi-rail (2 hosts), given the structure with every network link at
+    an assumed 10 Gb/s: the group plans on measured NIC rates (the scenario's 100 and 60 Mbit/s,
+    within 15 %), rank 0 caches the calibration, and a second group with the same topology and
+    placement takes it from the cache."""
+    from topocoll.topo.io import save_topology
+
+    cluster = emulated(sc.load_scenario("multi-rail"))
+    cache = tmp_path / "probe-cache"
+    nominal = tmp_path / "nominal.json"
+    save_topology(sc.assumed_rates(sc.scenario_topology(sc.load_scenario("multi-rail"), delays_applied=False)), nominal)
+    variables = {"TOPOCOLL_PROBE": "1", "TOPOCOLL_PROBE_CACHE": str(cache), "TOPOCOLL_DEBUG": "INFO", "TOPOCOLL_TOPOLOGY": str(nominal)}
+    first = run(cluster, ["probed"], ranks=2, **variables)
+    assert len(list(cache.glob("*.json"))) == 1
+    truth = {(l.src, l.dst): l.bw_bytes_per_s for l in sc.scenario_topology(sc.load_scenario("multi-rail")).links}
+    measured = {}
+    for line in first.splitlines():
+        if line.startswith("[h0] link "):
+            _, src, dst, value = line.split("] ", 1)[1].split()
+            measured[(src, dst)] = float(value)
+    # with two hosts a NIC's send side and its peer's receive side carry the same flows: one
+    # class, measured once; the chain's narrowest link is the measured rate (the rest nominal)
+    for a, b in ((0, 1), (1, 0)):
+        for k in (0, 1):
+            chain = [(f"h{a}.eth{k}", f"rail{k}"), (f"rail{k}", f"h{b}.eth{k}")]
+            got = min(measured[link] for link in chain)
+            assert got == pytest.approx(truth[chain[0]], rel=0.15), (chain, got, truth[chain[0]])
+    second = run(cluster, ["probed"], ranks=2, **variables)
+    assert "from the probe cache" in second
+    digests = {line.split()[-1] for line in (first + second).splitlines() if " probed " in line}
+    assert len(digests) == 1  # both groups, all ranks: one calibrated topology

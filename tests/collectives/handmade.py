@@ -121,3 +121,17 @@ def direct(collective: Collective, nodes: tuple[str, ...], *, hub: str = "hub", 
     if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
         steps.append(tuple(_transfer(nodes, hub, r, s, r, Op.COPY) for r in range(n) for s in range(n) if r != s))
     return Schedule(collective, tuple(nodes), None, digest, _chunks(n, 1), tuple(steps), name="hand-direct")
+
+
+def two_rail_broadcast(first: float = 0.5):
+    """A broadcast from ``a`` to ``b`` in two chunks (the first ``first`` of the buffer), one
+    over each rail of a two-rail cluster, and those rails: ``(rails, schedule)``."""
+    from topocoll.topo.rails import Rails
+
+    rails = Rails(count=2, nic_rail={"a.eth0": 0, "a.eth1": 1, "b.eth0": 0, "b.eth1": 1},
+                  interfaces={"a": ("eth0", "eth1"), "b": ("eth0", "eth1")})
+    steps = ((
+        Transfer(0, 1, 0, Op.COPY, ("a", "a.eth0", "rail0", "b.eth0", "b")),
+        Transfer(0, 1, 1, Op.COPY, ("a", "a.eth1", "rail1", "b.eth1", "b")),
+    ),)
+    return rails, Schedule(Collective.BROADCAST, ("a", "b"), 0, "", (Chunk(0, 0.0, first), Chunk(1, first, 1 - first)), steps)

@@ -10,13 +10,22 @@ import pytest
 import torch
 
 from tests.collectives.fakes import Mailbox, Transport
-from tests.collectives.handmade import chain, direct, ring
+from tests.collectives.handmade import chain, direct, ring, two_rail_broadcast
 from topocoll.collectives.executor import Executor, Reduction, check_reduction, combine
 from topocoll.collectives.lower import lower_all
 from topocoll.errors import CollectiveError
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 
 NODES = ("host0", "host1", "host2", "host3")
+
+
+def in_threads(body, n: int, join_s: float = 60.0) -> None:
+    """Run ``body(rank)`` for ranks 0..n-1, one thread each, and wait for them."""
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
 
 
 def run_all(schedule, buffers, reduction, timeout_s=5.0, skip_rank=None):
@@ -172,11 +181,7 @@ def test_the_grouped_step_code_of_accelerators_runs_on_a_real_gloo_backend(build
         except Exception as exc:  # collected for the assertion
             errors[rank] = exc
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    in_threads(body, 4)
     assert not errors, errors
     assert all(torch.equal(b, sum(inputs)) for b in buffers)
 
@@ -209,15 +214,7 @@ def test_coalescing_calls_match_the_backend_binding():
 def test_messages_go_on_the_channel_their_rail_names():
     """Channel 0 is the executor's transport, channel r + 1 the transport of rail r: a message
     on rail 1 must travel through the third transport and no other."""
-    from topocoll.topo.rails import Rails
-
-    rails = Rails(count=2, nic_rail={"a.eth0": 0, "a.eth1": 1, "b.eth0": 0, "b.eth1": 1},
-                  interfaces={"a": ("eth0", "eth1"), "b": ("eth0", "eth1")})
-    steps = ((
-        Transfer(0, 1, 0, Op.COPY, ("a", "a.eth0", "rail0", "b.eth0", "b")),
-        Transfer(0, 1, 1, Op.COPY, ("a", "a.eth1", "rail1", "b.eth1", "b")),
-    ),)
-    schedule = Schedule(Collective.BROADCAST, ("a", "b"), 0, "", (Chunk(0, 0.0, 0.25), Chunk(1, 0.25, 0.75)), steps)
+    rails, schedule = two_rail_broadcast(first=0.25)
     programs = lower_all(schedule, 8, rails=rails)
     boxes = [Mailbox() for _ in range(3)]
     sent = {c: [] for c in range(3)}
@@ -241,11 +238,7 @@ def test_messages_go_on_the_channel_their_rail_names():
         except Exception as exc:  # collected for the assertion
             errors[rank] = exc
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    in_threads(body, 2)
     assert not errors, errors
     assert sent == {0: [], 1: [2], 2: [6]}
     assert torch.equal(buffers[1], torch.arange(8.0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.collectives.handmade import chain, direct, ring
+from tests.collectives.handmade import chain, direct, ring, two_rail_broadcast
 from topocoll.collectives.lower import FIRST_TAG, RankProgram, lower, lower_all
 from topocoll.errors import ScheduleError
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
@@ -223,15 +223,7 @@ def test_reduces_from_several_peers_into_one_range_apply_early():
 def test_transfers_carry_the_channel_of_their_rail_and_rails_are_never_merged():
     """Two halves of one buffer from rank 0 to rank 1, one over each rail: without rails they
     merge into one message; with them they are two, on channels 1 and 2, tagged in order."""
-    from topocoll.topo.rails import Rails
-
-    rails = Rails(count=2, nic_rail={"a.eth0": 0, "a.eth1": 1, "b.eth0": 0, "b.eth1": 1},
-                  interfaces={"a": ("eth0", "eth1"), "b": ("eth0", "eth1")})
-    steps = ((
-        Transfer(0, 1, 0, Op.COPY, ("a", "a.eth0", "rail0", "b.eth0", "b")),
-        Transfer(0, 1, 1, Op.COPY, ("a", "a.eth1", "rail1", "b.eth1", "b")),
-    ),)
-    schedule = Schedule(Collective.BROADCAST, ("a", "b"), 0, "", (Chunk(0, 0.0, 0.5), Chunk(1, 0.5, 0.5)), steps)
+    rails, schedule = two_rail_broadcast()
     plain = lower_all(schedule, 10)
     assert [(s.start, s.stop, s.channel) for s in plain[0].steps[0].sends] == [(0, 10, 0)]
     sender, receiver = lower_all(schedule, 10, rails=rails)

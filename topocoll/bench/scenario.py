@@ -36,9 +36,10 @@ import networkx as nx
 from topocoll import fileio
 from topocoll.errors import FormatError, ScenarioError
 from topocoll.topo import bandwidth as bw
-from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder, natural_key
+from topocoll.topo.model import Link, LinkKind, Node, NodeKind, Topology, TopologyBuilder, natural_key
 
 __all__ = [
+    "assumed_rates",
     "FORMAT",
     "DEFAULT_SUBNET_BASE",
     "HOST_NIC_BW_BYTES_PER_S",
@@ -386,6 +387,18 @@ class _Domains:
     count: int
     link_domain: Mapping[int, int]
     switch_domain: Mapping[str, int]
+
+
+def assumed_rates(topology: Topology) -> Topology:
+    """``topology`` with every network link at the speed assumed for a NIC that reports none
+    (NCCL's 10 Gb/s socket default): what a run knows of an emulated cluster before probing."""
+    guess = bw.net_bw_bytes_per_s(bw.SOCKET_DEFAULT_SPEED_BITS_PER_S)
+    links = [
+        Link(l.src, l.dst, l.kind, guess if l.kind is LinkKind.NET else l.bw_bytes_per_s, l.latency_s, l.count)
+        for l in topology.links
+    ]
+    note = f"network links at the assumed {bw.SOCKET_DEFAULT_SPEED_BITS_PER_S / 1e9:g} Gb/s of a NIC that reports no speed"
+    return Topology(topology.nodes, links, name=topology.name, notes=(*topology.notes, note))
 
 
 def _domains(scenario: Scenario) -> _Domains:
