@@ -87,7 +87,7 @@ def simulate(topology_path: Path, collective: str, sizes: list[str], work: Path)
     return {row["size_bytes"]: row["results"]["topocoll"]["time_s"] for row in json.loads(out.read_text())["rows"]}
 
 
-def measure(name: str, sizes: list[str], iters: int, delays: bool) -> dict:
+def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: bool = False) -> dict:
     scenario = sc.load_scenario(name)
     with tempfile.TemporaryDirectory(prefix="topocoll-emulated-") as tmp:
         work = Path(tmp)
@@ -106,7 +106,7 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool) -> dict:
                       "delays_applied": delays, "probe_s": probe_s, "probe_log": [l for l in log.splitlines() if "probe" in l][-40:],
                       "probe_accuracy": probe_accuracy(truth, probed), "probed_topology": json.loads((work / "probed.json").read_text()),
                       "collectives": {}}
-            for collective in COLLECTIVES:
+            for collective in () if probe_only else COLLECTIVES:
                 say(f"{name}: {collective}")
                 topo = bench(cluster, collective, ["--baseline", "gloo"], work / "probed.json", sizes, iters, work, "topo")
                 ring = bench(cluster, collective, ["--planner", "rank_order_ring", "--baseline", "none"], work / "probed.json", sizes, iters, work, "ring")
@@ -178,18 +178,25 @@ def main() -> int:
     parser.add_argument("--sizes", default="16M,32M,64M", help="sizes, smallest to largest, doubling (default 16M,32M,64M)")
     parser.add_argument("-n", "--iters", type=int, default=3, help="timed operations per size (default 3)")
     parser.add_argument("--delays", action="store_true", help="emulate the scenarios' delays too (needs the netem qdisc)")
+    parser.add_argument("--probe-only", action="store_true", help="only probe; write OUT/<scenario>.probe.json")
     parser.add_argument("-o", "--out", default=str(REPO / "benchmarks" / "results" / "emulated"), help="results folder")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in args.scenarios.split(","):
-        result = measure(name, args.sizes.split(","), args.iters, args.delays)
+        result = measure(name, args.sizes.split(","), args.iters, args.delays, args.probe_only)
         result["command"] = "sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:])
+        if args.probe_only:
+            (out / f"{name}.probe.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+            say(table([result]))
+            continue
         (out / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         plot(result, out / f"{name}.png")
         results.append(result)
         say(table([result]))
+    if args.probe_only:
+        return 0
     summary = out / "README.md"
     header = "# topo against topology-blind collectives on emulated clusters\n\nCommand: `sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:]) + "`\n\n"
     summary.write_text(header + table(results))
