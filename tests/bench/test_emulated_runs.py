@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 
 import pytest
@@ -21,7 +22,7 @@ def run(cluster, args, ranks=None, **variables):
     env = {**os.environ, "PYTHONPATH": PACKAGE_PARENT, **variables}
     result = cluster.run_ranks([*WORKER, *args], ranks=ranks, timeout_s=90, stdout=out, stderr=err, env=env)
     assert result.returncode == 0, err.getvalue()[-3000:]
-    return out.getvalue()
+    return out.getvalue() + err.getvalue()  # the ranks' logs (stderr) too
 
 
 @root
@@ -83,5 +84,6 @@ def test_the_backend_probes_at_start_and_caches_per_topology(emulated, tmp_path)
             assert got == pytest.approx(truth[chain[0]], rel=0.15), (chain, got, truth[chain[0]])
     second = run(cluster, ["probed"], ranks=2, **variables)
     assert "from the probe cache" in second
-    digests = {line.split()[-1] for line in (first + second).splitlines() if " probed " in line}
+    digests = {line.split()[-1] for line in (first + second).splitlines() if re.match(r"\[h\d\] probed sha256:", line)}
+    assert len([line for line in (first + second).splitlines() if re.match(r"\[h\d\] probed ", line)]) == 4
     assert len(digests) == 1  # both groups, all ranks: one calibrated topology
