@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from topocoll.errors import TopocollError, UsageError
+from topocoll.errors import UsageError
 
 EPILOG = """\
 what is measured:
@@ -77,8 +77,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 print(f"  {note}")
             print(f"wrote {args.output}: {len(result.measured)} link(s) measured")
         dist.barrier()
-    except TopocollError:
-        raise
     finally:
         dist.destroy_process_group()
     return 0

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from topocoll.collectives.failure import first_line
 from topocoll.errors import CollectiveError
 from topocoll.topo.calibrate import Calibration, Experiment, Measurement, calibrate, plan_experiments, probe_ranks
 from topocoll.topo.model import Topology
@@ -86,7 +87,7 @@ def _wait(work: Any, timeout: timedelta, rank: int, what: str) -> None:
     try:
         work.wait(timeout)
     except RuntimeError as exc:
-        raise CollectiveError(f"rank {rank}: probe {what} failed: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+        raise CollectiveError(f"rank {rank}: probe {what} failed: {first_line(exc)}") from None
 
 
 def _sum(channel0: Any, values: torch.Tensor, timeout: timedelta, rank: int) -> torch.Tensor:
