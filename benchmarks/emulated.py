@@ -52,14 +52,16 @@ def run(cluster: EmulatedCluster, argv: list[str], env: dict[str, str], timeout_
     return out.getvalue() + err.getvalue()
 
 
-def probe_accuracy(truth: Topology, probed: Topology) -> list[dict]:
-    """Each network link's probed rate against its tc setting."""
+def probe_accuracy(truth: Topology, nominal: Topology, probed: Topology) -> list[dict]:
+    """Each network link's probed rate against its tc setting; ``identified`` is false where
+    the probe left the link at its nominal (assumed) rate."""
     rows = []
     for link in truth.links:
         if link.kind is LinkKind.NET:
             got = probed.link(link.src, link.dst).bw_bytes_per_s
             rows.append({"link": f"{link.src}->{link.dst}", "set_bytes_per_s": link.bw_bytes_per_s, "probed_bytes_per_s": got,
-                         "error_percent": 100 * (got - link.bw_bytes_per_s) / link.bw_bytes_per_s})
+                         "error_percent": 100 * (got - link.bw_bytes_per_s) / link.bw_bytes_per_s,
+                         "identified": got != nominal.link(link.src, link.dst).bw_bytes_per_s})
     return rows
 
 
@@ -94,7 +96,8 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: b
         os.chmod(work, 0o755)
         with EmulatedCluster(scenario, state_dir=work / "state", apply_delays=delays) as cluster:
             truth = load_topology(cluster.truth_path)
-            save_topology(sc.assumed_rates(truth), work / "nominal.json")
+            nominal = sc.assumed_rates(truth)
+            save_topology(nominal, work / "nominal.json")
             say(f"{name}: probing")
             began = time.monotonic()
             log = run(cluster, [sys.executable, "-m", "topocoll.cli", "topo", "probe", "-o", str(work / "probed.json")],
@@ -104,7 +107,7 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: b
             save_topology(probed, work / "probed.json")
             result = {"scenario": name, "description": scenario.description, "hosts": len(scenario.hosts),
                       "delays_applied": delays, "probe_s": probe_s, "probe_log": [l for l in log.splitlines() if "probe" in l][-40:],
-                      "probe_accuracy": probe_accuracy(truth, probed), "probed_topology": json.loads((work / "probed.json").read_text()),
+                      "probe_accuracy": probe_accuracy(truth, nominal, probed), "probed_topology": json.loads((work / "probed.json").read_text()),
                       "collectives": {}}
             for collective in () if probe_only else COLLECTIVES:
                 say(f"{name}: {collective}")
@@ -165,11 +168,34 @@ def table(results: list[dict]) -> str:
                     f"{b['gloo'] / 1e6:.2f} | {b['topo'] / b['gloo']:.2f}x | {b['topo'] / b['ring']:.2f}x | "
                     f"{r['bound_busbw_bytes_per_s'] / 1e6:.2f} | {100 * b['topo'] / r['bound_busbw_bytes_per_s']:.0f} | {sim} | {r['wrong']} |"
                 )
-    lines += ["", "| scenario | probe time | links | worst error of probed against tc rate |", "|---|---|---|---|"]
+    lines += ["", "| scenario | probe time | network links | identified | worst error of an identified link against its tc rate |",
+              "|---|---|---|---|---|"]
     for result in results:
-        errors = [abs(r["error_percent"]) for r in result["probe_accuracy"]]
-        lines.append(f"| {result['scenario']} | {result['probe_s']:.1f} s | {len(errors)} | {max(errors):.1f} % |")
+        rows = result["probe_accuracy"]
+        errors = [abs(r["error_percent"]) for r in rows if r["identified"]]
+        worst = f"{max(errors):.1f} %" if errors else "-"
+        lines.append(f"| {result['scenario']} | {result['probe_s']:.1f} s | {len(rows)} | {len(errors)} | {worst} |")
     return "\n".join(lines) + "\n"
+
+
+#: The results README keeps its prose; the script rewrites only what lies between these.
+TABLE_BEGIN, TABLE_END = "<!-- results table: written by benchmarks/emulated.py -->", "<!-- end of results table -->"
+
+
+def write_summary(out: Path) -> str:
+    """Rebuild the table in ``OUT/README.md`` from every ``OUT/<scenario>.json``, so that
+    re-running some scenarios keeps the others' rows and the README's own text."""
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if not p.name.endswith(".probe.json")]
+    commands = "".join(f"- {r['scenario']}: `{r['command']}`\n" for r in results)
+    text = f"{TABLE_BEGIN}\n{commands}\n{table(results)}{TABLE_END}"
+    summary = out / "README.md"
+    old = summary.read_text() if summary.exists() else "# topo against topology-blind collectives on emulated clusters\n\n"
+    if TABLE_BEGIN in old and TABLE_END in old:
+        new = old[: old.index(TABLE_BEGIN)] + text + old[old.index(TABLE_END) + len(TABLE_END):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    summary.write_text(new)
+    return table(results)
 
 
 def main() -> int:
@@ -183,7 +209,6 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
     for name in args.scenarios.split(","):
         result = measure(name, args.sizes.split(","), args.iters, args.delays, args.probe_only)
         result["command"] = "sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:])
@@ -193,14 +218,10 @@ def main() -> int:
             continue
         (out / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         plot(result, out / f"{name}.png")
-        results.append(result)
         say(table([result]))
     if args.probe_only:
         return 0
-    summary = out / "README.md"
-    header = "# topo against topology-blind collectives on emulated clusters\n\nCommand: `sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:]) + "`\n\n"
-    summary.write_text(header + table(results))
-    print(table(results))
+    print(write_summary(out))
     return 0
 
 
