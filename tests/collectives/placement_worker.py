@@ -11,7 +11,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from topocoll.collectives import TopoOptions
 
 
 def placement_worker(rank: int, n: int, store_file: str, out_file: str, hosts: list[str], dump: str, size_bytes: int) -> None:
@@ -23,15 +22,12 @@ def placement_worker(rank: int, n: int, store_file: str, out_file: str, hosts: l
     os.environ["LOCAL_RANK"] = str(n - 1 - rank)  # a launcher's local rank: not what places a rank
     for name in ("TOPOCOLL_TOPOLOGY", "NCCL_TOPO_FILE", "TOPOCOLL_CLUSTER"):
         os.environ.pop(name, None)
-    # gloo only: with shared memory, ranks of two emulated machines of one host sometimes fail
-    # to find a peer's arena (a transport bug of its own, not placement's; see the tracker)
     dist.init_process_group(
         "topo",
         init_method=f"file://{store_file}",
         rank=rank,
         world_size=n,
         timeout=timedelta(seconds=60),
-        pg_options=TopoOptions(shared_memory=False),
     )
     group = dist.group.WORLD
     numel = size_bytes // 4

@@ -135,3 +135,47 @@ def test_a_doorbell_that_never_rings_times_out(tmp_path):
     for t in transports:
         t.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def _send_then_close(transport, done: threading.Event) -> None:
+    transport.send([torch.arange(4, dtype=torch.float32)], 0, 1).wait()
+    transport.close()  # the collective is over on this rank; the peer has not read yet
+    done.set()
+
+
+def test_closing_right_after_a_send_waits_until_the_receiver_took_the_message(tmp_path):
+    transports = make_transports([tmp_path] * 2)
+    transports[0].begin_program([], incoming=[1])
+    transports[1].begin_program([(0, 16)], incoming=[])
+    closed = threading.Event()
+    sender = threading.Thread(target=_send_then_close, args=(transports[1], closed))
+    sender.start()
+    assert not closed.wait(0.3), "rank 1 closed (and removed its arena) before rank 0 read it"
+    target = torch.empty(4, dtype=torch.float32)
+    transports[0].recv([target], 1, 1).wait()
+    assert torch.equal(target, torch.arange(4, dtype=torch.float32))
+    assert closed.wait(TIMEOUT.total_seconds())
+    sender.join()
+    transports[0].close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["peer posted a failure", "closed without waiting"])
+def test_closing_does_not_wait_for_a_peer_that_failed_or_when_told_not_to(tmp_path, how):
+    import time
+
+    from topocoll.collectives.failure import Failure, FailureKind
+
+    transports = make_transports([tmp_path] * 2)
+    transports[0].begin_program([], incoming=[1])
+    transports[1].begin_program([(0, 16)], incoming=[])
+    transports[1].send([torch.arange(4, dtype=torch.float32)], 0, 1).wait()
+    began = time.monotonic()
+    if how == "peer posted a failure":
+        transports[0].post_failure(Failure(1, 0, 1, FailureKind.SILENT))
+        transports[1].close()
+    else:
+        transports[1].close(wait_for_receivers=False)
+    assert time.monotonic() - began < TIMEOUT.total_seconds() / 2
+    transports[0].close()
+    assert list(tmp_path.iterdir()) == []

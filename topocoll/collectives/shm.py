@@ -19,7 +19,9 @@ therefore no acknowledgements.
 
 The receiver unlinks a file as soon as it has mapped it, so nothing stays in the shared-memory
 directory in normal operation; the sender unlinks arenas it replaces or still owns at
-:meth:`ShmTransport.close`.
+:meth:`ShmTransport.close`. A sender's collective completes when its data is written, perhaps
+before the receiver has opened the file, so :meth:`ShmTransport.close` first waits for the
+receivers of such files to take them (or to die, or to post a failure).
 
 Which peers share memory is probed, not assumed: every rank writes a token file, and a pair
 uses shared memory only when both ranks read each other's token. Other peers go through gloo.
@@ -104,6 +106,18 @@ _POLL_MAX_S = 200e-6
 """Polling a mailbox backs off from 20 us to 200 us between looks, so that waiting ranks leave
 the cores to the ones still computing (measured on 4 ranks over 2 cores: a 1 ms ceiling cost
 about 1 ms per collective in oversleeping)."""
+
+
+_CLOSE_POLL_MAX_S = 10e-3
+"""Closing polls for receivers up to every 10 ms: one poll per time slice of a busy core."""
+
+
+def _pid_namespace() -> str:
+    """An id of this process's pid namespace: pids of peers mean something only within one."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "unknown"
 
 
 class _Arena:
@@ -226,6 +240,7 @@ class ShmTransport:
         self._incoming: dict[int, tuple[int, _Arena]] = {}
         self._through_gloo: set[int] = set()
         self._token = secrets.token_hex(8)
+        self._peer_pids: dict[int, int] = {}  # of peers in this rank's pid namespace
         self._prefix = self._agree_prefix(store)
         self._mailbox: _Arena | None = None
         self._peer_mailboxes: dict[int, _Arena] = {}
@@ -411,7 +426,7 @@ class ShmTransport:
         wrote = False
         try:
             with open(probe, "x") as f:
-                f.write(self._token)
+                f.write(f"{self._token} {os.getpid()} {_pid_namespace()}")
             wrote = True
         except OSError as exc:
             logger.debug("rank %d: no shared memory (%s)", self._rank, exc)
@@ -422,10 +437,13 @@ class ShmTransport:
             token = store.get(f"shm/token/{peer}").decode()
             try:
                 with open(os.path.join(self._directory, f"{self._prefix}-probe-{peer}")) as f:
-                    if token and f.read() == token:
-                        readable.add(peer)
+                    fields = f.read().split()
             except OSError:
-                pass
+                continue
+            if token and fields[:1] == [token]:
+                readable.add(peer)
+                if len(fields) == 3 and fields[2] == _pid_namespace():
+                    self._peer_pids[peer] = int(fields[1])
         store.set(f"shm/sees/{self._rank}", ",".join(str(p) for p in sorted(readable)))
         mutual = set()
         for peer in readable:
@@ -628,10 +646,20 @@ class ShmTransport:
             apply(target, data.view(target.dtype).view(target.shape))
 
 
-    def close(self) -> None:
+    def close(self, wait_for_receivers: bool = True) -> None:
         """Unmap everything and remove the files this rank still owns, and those a dead peer left
         for it (arenas addressed to this rank, set-up files of a peer that died before removing
-        them)."""
+        them).
+
+        Parameters
+        ----------
+        wait_for_receivers : bool
+            First wait (up to the timeout) until every peer has opened the arenas this rank
+            wrote for it, unless the peer died or posted a failure: the last collective's
+            messages may still be on their way. False when the group failed.
+        """
+        if wait_for_receivers:
+            self._await_receivers()
         self._remove_leftovers()
         for arena in self._outgoing.values():
             arena.unlink()
@@ -647,6 +675,42 @@ class ShmTransport:
             self._mailbox.close()
             self._mailbox = None
         self._inner = None  # the gloo group: its threads and sockets go when its owner lets go
+
+    def _await_receivers(self) -> None:
+        """Wait until each arena file still in the directory was opened by its receiver (which
+        unlinks it), the receiver died, the receiver posted a failure, or the timeout passed."""
+        pending = {peer: arena.path for peer, arena in self._outgoing.items()}
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        pause = _POLL_MIN_S
+        while pending:
+            for peer, path in list(pending.items()):
+                if not os.path.exists(path) or not self._alive(peer) or (
+                    peer in self._peer_mailboxes and self.posted_failure([peer]) is not None
+                ):
+                    del pending[peer]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "rank %d: rank(s) %s did not take their last message within %s; removing it",
+                    self._rank, sorted(pending), self._timeout,
+                )
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, _CLOSE_POLL_MAX_S)
+
+    def _alive(self, peer: int) -> bool:
+        """Whether ``peer``'s process still exists (True when its pid is not known here)."""
+        pid = self._peer_pids.get(peer)
+        if pid is None:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True  # exists, owned by another user
+        return True
 
     def _remove_leftovers(self) -> None:
         prefix = getattr(self, "_prefix", None)
