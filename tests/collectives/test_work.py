@@ -98,3 +98,60 @@ def test_cuda_handle_orders_the_callers_stream(monkeypatch):
     assert failed.is_completed() is True
     with pytest.raises(RuntimeError, match="boom"):
         failed.wait()
+
+
+# ----------------------------------------------------------------------------- pending handles
+def _pending(pool, body):
+    result = [torch.zeros(2)]
+    return TopoWork.pending(result, pool.submit(body, result)), result
+
+
+def test_a_pending_handle_completes_when_the_thread_has_run_the_operation():
+    import concurrent.futures
+    import threading
+    from datetime import timedelta
+
+    go = threading.Event()
+
+    def body(result):
+        go.wait(10)
+        result[0].fill_(7)
+        return TopoWork(result)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        work, result = _pending(pool, body)
+        assert not work.is_completed() and not work.is_success()
+        with pytest.raises(RuntimeError, match="did not complete within"):
+            work.wait(timedelta(milliseconds=50))
+        seen = []
+        work.get_future().then(lambda fut: seen.append(work.wait()))  # a callback may wait()
+        go.set()
+        assert work.wait() is True
+        assert torch.equal(result[0], torch.full((2,), 7.0))
+        assert work.is_completed() and work.is_success()
+        assert work.get_future().wait()[0] is result[0]
+    assert seen == [True]
+
+
+def test_a_pending_handle_raises_the_operations_failure_and_a_cancelled_one_says_so():
+    import concurrent.futures
+    import threading
+
+    def failing(result):
+        return TopoWork(result, CollectiveError("rank 0: broadcast: collective #2 failed"))
+
+    gate = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        work, _ = _pending(pool, failing)
+        with pytest.raises(CollectiveError, match="collective #2 failed"):
+            work.wait()
+        assert not work.is_success()
+        with pytest.raises(CollectiveError, match="collective #2 failed"):
+            work.get_future().wait()
+        blocker = pool.submit(gate.wait, 10)
+        queued, _ = _pending(pool, lambda result: TopoWork(result))
+        pool.shutdown(wait=False, cancel_futures=True)
+        gate.set()
+        blocker.result()
+    with pytest.raises(CollectiveError, match="cancelled"):
+        queued.wait()

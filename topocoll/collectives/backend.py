@@ -41,11 +41,13 @@ what was found and chosen (:mod:`topocoll.collectives.debug`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import logging
 import os
 import socket
+import threading
 import time
 import traceback
 import weakref
@@ -183,6 +185,10 @@ class TopoOptions:
     probe : bool or None
         Measure the links when the group starts and plan on the calibrated topology
         (:meth:`TopoProcessGroup.probe`); None (default): as ``$TOPOCOLL_PROBE`` says.
+    background : bool
+        Run collectives on CPU tensors on the group's communication thread, so that
+        ``async_op=True`` returns at once and ``wait()`` blocks (default); False runs each
+        before it returns.
     """
 
     topology: Topology | None = None
@@ -190,6 +196,7 @@ class TopoOptions:
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES
     shared_memory: bool = True
     probe: bool | None = None
+    background: bool = True
 
 
 def _parse_reduce_op(op: Any) -> _Reduce:
@@ -252,6 +259,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
         shared_memory: bool = True,
         probe: bool | None = None,
+        background: bool = True,
     ) -> None:
         super().__init__(rank, size)
         self._group_rank = rank
@@ -297,6 +305,17 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._cuda_executor: Executor | None = None
         self._cuda_connect: tuple[Any, int, int, timedelta] | None = None
         self._cuda_device: torch.device | None = None  # of the last CUDA collective (for barrier)
+        # One thread runs this group's CPU collectives in call order (the order every rank
+        # calls them in), so that async_op=True overlaps them with the caller's work.
+        comm_thread: list[int] = []  # the thread's ident, once it runs
+        self._comm_thread = comm_thread
+        self._comm: concurrent.futures.ThreadPoolExecutor | None = None
+        if background:
+            self._comm = concurrent.futures.ThreadPoolExecutor(
+                1,
+                thread_name_prefix=f"topocoll-rank{rank}",
+                initializer=lambda: comm_thread.append(threading.get_ident()),
+            )
         try:
             self._connect(store, rank, size, timeout, shared_memory)
             if settings.probe if probe is None else probe:
@@ -380,6 +399,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         CollectiveError
             A peer died or timed out (on every rank, within the group's timeout).
         """
+        self._drain()
         if self._cpu_sched is None:
             raise CollectiveError(f"rank {self._group_rank}: this topo group was shut down (destroy_process_group)")
         channels = [self._cpu_sched, *self._rail_groups]
@@ -502,11 +522,18 @@ class TopoProcessGroup(dist.ProcessGroup):
         """Release everything the group holds: its inner groups (their threads and sockets) and
         its shared memory. ``dist.destroy_process_group`` calls it; later calls on the group
         raise. Idempotent."""
+        self._release(wait_for_receivers=True)
+
+    def _release(self, wait_for_receivers: bool, cancel_queued: bool = False) -> None:
+        comm, self._comm = getattr(self, "_comm", None), None
+        if comm is not None:  # queued collectives run first, unless aborted
+            comm.shutdown(wait=not (cancel_queued or self._on_comm_thread()), cancel_futures=cancel_queued)
         if self._closed:
             return
         self._closed = True
+        wait_for_receivers = wait_for_receivers and self._failure is None
         if self._shm is not None:
-            self._shm.close()
+            self._shm.close(wait_for_receivers)
         for inner in (self._cuda_sched, self._cuda_other, *self._rail_groups):
             if inner is not None:
                 try:
@@ -519,9 +546,9 @@ class TopoProcessGroup(dist.ProcessGroup):
         self._cpu_executor = self._cuda_executor = self._cuda_connect = None
 
     def abort(self) -> None:
-        """Same as :meth:`shutdown`: operations run in the calling thread, so none is in flight
-        to cancel when another thread aborts."""
-        self.shutdown()
+        """:meth:`shutdown` without waiting: collectives still queued are cancelled (their
+        ``wait()`` raises), and peers are not given time to take the last messages."""
+        self._release(wait_for_receivers=False, cancel_queued=True)
 
     # ------------------------------------------------------------------ plumbing
     def _executor(self, tensor: torch.Tensor) -> Executor:
@@ -543,12 +570,36 @@ class TopoProcessGroup(dist.ProcessGroup):
         return self._cpu_other
 
     def _complete(self, result: list[torch.Tensor], body: Callable[[], None], *, scheduled: bool = True) -> TopoWork:
-        """Run ``body`` now; the returned Work carries its outcome to ``wait()``.
+        """Run ``body`` on the communication thread (CPU tensors) or now; the returned Work
+        carries its outcome to ``wait()``.
 
-        A scheduled collective (one that exchanges an argument header) raises at once on a
+        A scheduled collective (one that exchanges an argument header) fails at once on a
         broken or shut-down group, and a failure that may leave the ranks out of step breaks
-        the group (:mod:`topocoll.collectives.failure`).
+        the group (:mod:`topocoll.collectives.failure`). Work on CUDA tensors is enqueued on
+        the caller's stream from the caller's thread, after every queued CPU collective ran;
+        a call from the thread itself (a future's callback) runs at once.
         """
+        if self._comm is not None and not self._on_comm_thread():
+            if not any(t.device.type == "cuda" for t in result):
+                try:
+                    return TopoWork.pending(result, self._comm.submit(self._run_body, result, body, scheduled))
+                except RuntimeError:  # the thread was shut down: report it as the body would
+                    pass
+            self._drain()
+        return self._run_body(result, body, scheduled)
+
+    def _on_comm_thread(self) -> bool:
+        return threading.get_ident() in getattr(self, "_comm_thread", ())
+
+    def _drain(self) -> None:
+        """Wait until every collective queued on the communication thread ran."""
+        if self._comm is not None and not self._on_comm_thread():
+            try:
+                self._comm.submit(lambda: None).result()
+            except RuntimeError:
+                pass  # shut down: nothing is queued
+
+    def _run_body(self, result: list[torch.Tensor], body: Callable[[], None], scheduled: bool) -> TopoWork:
         error: BaseException | None = self._unusable() if scheduled else None
         if error is None:
             try:
@@ -749,6 +800,8 @@ class TopoProcessGroup(dist.ProcessGroup):
         if len(tensors) != 1:
             return f"expected exactly one tensor, got {len(tensors)}"
         tensor = tensors[0]
+        if tensor.layout is not torch.strided:
+            return f"{tensor.layout} tensors are not supported here (all_reduce of sparse COO tensors is handed to gloo)"
         if tensor.dtype not in _DTYPES:
             return f"dtype {tensor.dtype} is not supported"
         try:
@@ -761,8 +814,11 @@ class TopoProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ scheduled collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
-        """All-reduce ``tensors[0]`` in place."""
+        """All-reduce ``tensors[0]`` in place; sparse COO tensors go to the inner gloo group
+        (whose sparse all-reduce gathers indices and values), dense ones through a schedule."""
         opts = opts if opts is not None else dist.AllreduceOptions()
+        if tensors and all(t.layout is torch.sparse_coo for t in tensors) and tensors[0].device.type == "cpu":
+            return self._other(tensors).allreduce(tensors, opts)
         return self._complete(tensors, lambda: self._allreduce(tensors, opts.reduceOp, "allreduce"))
 
     def _allreduce(self, tensors: list[torch.Tensor], op: Any, operation: str, layout: int = 0) -> None:
@@ -969,6 +1025,7 @@ class TopoProcessGroup(dist.ProcessGroup):
         work of this group is finished first (as NCCL's barrier does), and once the barrier
         returns every rank's earlier collectives are done.
         """
+        self._drain()
         unusable = self._unusable()
         if unusable is not None:
             return TopoWork([], unusable)
@@ -977,6 +1034,20 @@ class TopoProcessGroup(dist.ProcessGroup):
         options = dist.BarrierOptions()
         options.timeout = self._timeout
         return self._cpu_sched.barrier(options)
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> Any:
+        """gloo's monitored barrier on the inner group: names the ranks that did not arrive.
+
+        ``dist.monitored_barrier`` refuses every backend not named "gloo" before it reaches a
+        group, so call this method on the group (``dist.group.WORLD.monitored_barrier(...)``).
+        """
+        self._drain()
+        unusable = self._unusable()
+        if unusable is not None:
+            raise unusable
+        if self._cuda_device is not None:
+            torch.cuda.synchronize(self._cuda_device)
+        return self._cpu_sched.monitored_barrier(timeout or self._timeout, wait_all_ranks=wait_all_ranks)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> Any:  # noqa: N803
         """Inner backend's send."""
@@ -1216,6 +1287,7 @@ def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
         segment_bytes=extra.segment_bytes,
         shared_memory=extra.shared_memory,
         probe=extra.probe,
+        background=extra.background,
     )
 
 
