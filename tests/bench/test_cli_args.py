@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -34,6 +35,12 @@ def world_of_four(monkeypatch):
         (["allreduce", "--topology", "no-such-file.json"], "--topology no-such-file.json: no such file"),
         (["allreduce", "--planner", "bogus"], "unknown planner 'bogus'"),
         (["allreduce", "--planner", "ring", "--backend", "gloo"], "--planner chooses the topo backend's schedules"),
+        (["allreduce", "-t", "2"], "nthreads (-t) 2: nccl-tests runs 2 threads in one process; here each rank is one process"),
+        (["allreduce", "-g", "8"], "ngpus (-g) 8: nccl-tests runs 8 devices in one process"),
+        (["allreduce", "-m", "0"], "agg_iters (-m) must be >= 1"),
+        (["allreduce", "-N", "-1"], "run_cycles (-N) must be >= 0"),
+        (["allreduce", "-z", "4"], "invalid choice: 4"),
+        (["allreduce", "-d", "all", "-o", "mulsum"], "unknown reduction op 'mulsum'"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(world_of_four, capsys, argv, message):
@@ -80,24 +87,59 @@ def test_topology_with_too_few_ranks(world_of_four, capsys, tmp_path):
     assert "2 compute nodes, but 4 ranks need 4" in capsys.readouterr().err
 
 
-def test_a_world_of_one_is_refused():
-    """Started without a launcher: one line, status 2 (a real process, nothing patched)."""
+def test_a_world_of_one_runs_as_nccl_tests_does(tmp_path):
+    """Started without a launcher, as nccl-tests' binaries may be: one rank, a real run."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_WORLD and not k.startswith(("OMPI_", "PMI", "PMIX"))}
     done = subprocess.run(
-        [tool("topocoll-bench"), "allreduce", "-b", "8", "-e", "128M", "-f", "2"],
+        [tool("topocoll-bench"), "allreduce", "-b", "8", "-e", "64", "-f", "8", "-n", "2", "-w", "1", "-q", "-J", str(tmp_path / "r.json")],
         capture_output=True, text=True, timeout=120, env=env,
     )
-    assert done.returncode == 2
-    assert done.stdout == ""
-    lines = done.stderr.strip().splitlines()
-    assert lines == [
-        "topocoll-bench: error: a collective needs at least 2 ranks, this is a world of 1: "
-        "start with mpirun -np N or torchrun --nproc-per-node N"
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 rank on cpu, launched by single process" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8, 64]
+    for r in rows:
+        # four groups (topo and gloo, out of place and in place): #wrong 0, busbw 0 (factor 2(n-1)/n)
+        assert [r[8 + 4 * g] for g in range(4)] == ["0"] * 4
+        assert [r[7 + 4 * g] for g in range(4)] == ["0.00"] * 4
+        assert r[-2:] == ["-", "-"]  # no cut bound for one rank
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["world_size"] == 1 and len(data["rows"]) == 2
+
+
+def test_nccl_tests_options_without_meaning_are_accepted_and_named(world_of_four):
+    args = cli.build_parser().parse_args(["allreduce", "-G", "4", "-p", "1", "-C", "0", "-R", "1", "-t", "1", "-g", "1", "-y", "0"])
+    config = cli.validate(args, 4)
+    assert [n for n in config.notes if "ignored" in n] == [
+        "-p 1 (threads initialize in parallel) has no meaning here: ignored",
+        "-G 4 (CUDA graph launches) has no meaning here: ignored",
+        "-R 1 (NCCL buffer registration) has no meaning here: ignored",
     ]
+
+
+@pytest.mark.parametrize(
+    ("collective", "datatype", "op", "expected"),
+    [
+        # -d all: every type torch's CPU backend reduces, in nccl-tests' order; -o all: sum prod max min avg
+        ("allreduce", "all", "sum", [(t, "sum") for t in ("int8", "uint8", "int32", "int64", "half", "float", "double", "bfloat16")]),
+        ("allreduce", "float", "all", [("float", o) for o in ("sum", "prod", "max", "min", "avg")]),
+        ("reduce_scatter", "all", "all", [(t, o) for t in ("int8", "uint8", "int32", "int64") for o in ("sum", "prod", "max", "min")]
+         + [(t, o) for t in ("half", "float", "double", "bfloat16") for o in ("sum", "prod", "max", "min", "avg")]),
+        ("allgather", "all", "all", [(t, "sum") for t in ("int8", "uint8", "int32", "int64", "half", "float", "double", "bfloat16")]),
+    ],
+)
+def test_all_types_and_ops(world_of_four, collective, datatype, op, expected):
+    config = cli.validate(cli.build_parser().parse_args([collective, "-d", datatype, "-o", op]), 4)
+    assert [(t, o.value) for t, o in config.combinations] == expected
+    if datatype == "all":
+        assert any("uint32, uint64" in n for n in config.notes)
+    if (datatype, op) == ("all", "all") and collective == "reduce_scatter":
+        assert any("avg of integer types is not run" in n for n in config.notes)
 
 
 def test_help_mentions_nccl_tests_options(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("-b", "-e", "-f", "-i", "-n", "-w", "-c", "-a", "-d", "-o", "-r", "-J", "--csv", "--plot", "--topology", "--schedule"):
-        assert option in out
+    nccl_tests = "-t -g -b -e -i -f -n -m -w -N -p -c -o -d -r -z -y -T -G -C -S -J -a -R -x -D -V -M -u -I -K".split()
+    for option in [*nccl_tests, "--output_file", "--csv", "--plot", "--topology", "--schedule"]:
+        assert f"{option} " in out or f"{option}," in out, option

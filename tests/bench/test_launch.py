@@ -45,29 +45,35 @@ def _check_output(done: subprocess.CompletedProcess, collective: str, n: int, it
     for rank in range(n):
         assert f"#  Rank {rank:2d} Group  0 Pid " in out
     assert "# Topology: " in out
+    placements = next(line for line in out.splitlines() if "out-of-place" in line)
+    assert placements.startswith("#" + " " * 62 + "out-of-place" + " " * 23 + "in-place")  # nccl-tests' own line
+    assert "baseline out-of-place" in placements and "baseline in-place" in placements
     names = next(line for line in out.splitlines() if line.startswith("#       size"))
-    assert names.split() == ["#", "size", "count", "type", "redop", "root"] + ["time", "algbw", "busbw", "#wrong"] * 2 + [
+    assert names.split() == ["#", "size", "count", "type", "redop", "root"] + ["time", "algbw", "busbw", "#wrong"] * 4 + [
         "speedup", "bound", "%bound"]
     assert "# Out of bounds values : 0 OK" in out
     assert "# Avg bus bandwidth    : " in out
-    rows = parse_table(out, groups=2)
+    # groups: topo out of place, topo in place, baseline out of place, baseline in place
+    rows = parse_table(out, groups=4)
     assert [int(r["size"]) for r in rows] == SWEEP_SIZES
     factor = FACTORS[collective](n)
+    native = 1 if collective in ("allreduce", "broadcast", "reduce") else 0  # torch.distributed's own form
     for r in rows:
         elements = int(r["size"]) // itemsize
         assert r["count"] == (elements // n if collective in ("allgather", "reduce_scatter") else elements)
-        for g in (0, 1):
+        for g in range(4):
             assert r[f"g{g}_wrong"] == 0
             assert r[f"g{g}_busbw"] == pytest.approx(r[f"g{g}_algbw"] * factor, abs=0.011)
             assert r[f"g{g}_time"] > 0
         assert r["bound"] is not None and r["bound"] > 0
-        assert r["speedup"] == pytest.approx(r["g1_time"] / r["g0_time"], rel=0.02, abs=0.011)
+        assert r["speedup"] == pytest.approx(r[f"g{2 + native}_time"] / r[f"g{native}_time"], rel=0.02, abs=0.011)
     if json_path is not None:
         data = json.loads(json_path.read_text())
         assert data["world_size"] == n and data["collective"] == collective
         for row in data["rows"]:
-            for label in ("topo", "baseline"):
-                result = row["results"][label]
+            assert row["results"] == row["in_place" if native else "out_of_place"]
+            for label, placement in ((label, placement) for label in ("topo", "baseline") for placement in ("out_of_place", "in_place")):
+                result = row[placement][label]
                 assert result["wrong"] == 0
                 assert result["algbw_bytes_per_s"] == pytest.approx(row["size_bytes"] / result["time_s"])
                 assert result["busbw_bytes_per_s"] == pytest.approx(result["algbw_bytes_per_s"] * factor)
@@ -113,7 +119,8 @@ def test_mpirun_two_ranks_given_schedule_and_outputs(tmp_path):
     rows = _check_output(done, "allreduce", 2, 8, paths["-J"])
     assert all(r["type"] == "double" and r["redop"] == "min" for r in rows)
     assert f"# Schedule: {tmp_path / 'ring.json'} (ring" in done.stdout
-    assert paths["--csv"].read_text().splitlines()[0].startswith("size_bytes,count,type,redop,root,topo_time_us,")
+    assert paths["--csv"].read_text().splitlines()[0].startswith(
+        "size_bytes,count,type,redop,root,topo_out_of_place_time_us,topo_out_of_place_algbw_GB_per_s,")
     assert len(paths["--csv"].read_text().splitlines()) == 1 + len(SWEEP_SIZES)
     assert paths["--plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads(paths["-J"].read_text())["config"]

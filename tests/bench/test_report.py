@@ -108,3 +108,36 @@ def test_write_outputs(tmp_path):
     assert (tmp_path / "r.csv").read_text().startswith("size_bytes,count,")
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "r.json", "r.png"]
+
+
+def _placed_report() -> Report:
+    # topo: out of place 4 us, in place 2 us; baseline: 8 us and 6 us; allreduce runs in place in torch
+    oop = (Measurement(4e-6, 256e6, 384e6, 0), Measurement(8e-6, 128e6, 192e6, 0))
+    ip = (Measurement(2e-6, 512e6, 768e6, 0), Measurement(6e-6, 1024 / 6e-6, 1.5 * 1024 / 6e-6, 3))
+    row = Row(1024, 256, "float", "sum", -1, ip, 1e-6, placed=(oop, ip))
+    return Report("bench", Collective.ALLREDUCE, 4, ("topo", "baseline"), (row,), placements=True)
+
+
+def test_placed_header_is_nccl_tests_own_then_the_baseline():
+    nccl = fixture("gcp-a3mega-h100-2node.all_reduce_perf.txt").read_text().splitlines()
+    at = next(i for i, line in enumerate(nccl) if "out-of-place" in line)
+    ours = _placed_report().table_header()
+    # nccl-tests' three header lines, character for character, over its two groups
+    assert ours[0].startswith(nccl[at].rstrip())
+    assert ours[1].startswith(nccl[at + 1].rstrip()) and ours[2].startswith(nccl[at + 2].rstrip())
+    assert ours[0].split()[1:] == ["out-of-place", "in-place", "baseline", "out-of-place", "baseline", "in-place", "vs", "baseline,", "bound"]
+
+
+def test_placed_rows_give_both_groups_per_series_and_judge_the_native_form():
+    report = _placed_report()
+    cells = report.format_row(report.rows[0]).split()
+    assert cells[5:21] == ["4.00", "0.26", "0.38", "0", "2.00", "0.51", "0.77", "0", "8.00", "0.13", "0.19", "0", "6.00", "0.17", "0.26", "3"]
+    assert cells[-3:] == ["3.00", "1.02", "50.0"]  # 6 us / 2 us in place; topo's in-place algbw over the bound
+    assert report.wrong_total == 3  # the in-place baseline's
+    assert report.avg_busbw_bytes_per_s(0) == pytest.approx((384e6 + 768e6) / 2)  # both placements, as nccl-tests
+    data = json.loads(report.to_json())["rows"][0]
+    assert data["out_of_place"]["topo"]["time_s"] == 4e-6 and data["in_place"]["baseline"]["wrong"] == 3
+    assert data["results"] == data["in_place"]
+    head = next(csv.reader(io.StringIO(report.to_csv())))
+    assert head[5:9] == ["topo_out_of_place_time_us", "topo_out_of_place_algbw_GB_per_s", "topo_out_of_place_busbw_GB_per_s", "topo_out_of_place_wrong"]
+    assert head[13] == "baseline_out_of_place_time_us" and head[-3:] == ["speedup", "bound_algbw_GB_per_s", "percent_of_bound"]

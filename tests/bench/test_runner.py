@@ -27,8 +27,10 @@ SCRIPT = textwrap.dedent(
     corrupt = int(sys.argv[2])
     honest_run = CollectiveSpec.run
 
-    def run(self, buffers, group, op, root):
-        honest_run(self, buffers, group, op, root)
+    def run(self, buffers, group, op, root, async_op=False):
+        work = honest_run(self, buffers, group, op, root, async_op)
+        if work is not None:
+            work.wait()
         buffers.output[:corrupt] += 1  # a broken collective: the first elements come out wrong
 
     CollectiveSpec.run = run
@@ -37,7 +39,8 @@ SCRIPT = textwrap.dedent(
     row = measure_size(settings, (Series("gloo", None),), 64, 0, 1, meta, lambda size: 2.0e-9 * size)
     m = row.results[0]
     print(json.dumps({"wrong": m.wrong, "time_s": m.time_s, "algbw": m.algbw_bytes_per_s, "busbw": m.busbw_bytes_per_s,
-                      "size": row.size_bytes, "count": row.count, "bound": row.bound_time_s}))
+                      "size": row.size_bytes, "count": row.count, "bound": row.bound_time_s,
+                      "placed_wrong": [g[0].wrong for g in row.placed], "in_place_is_results": row.placed[1] == row.results}))
     dist.destroy_process_group()
     """
 )
@@ -55,6 +58,8 @@ def test_wrong_elements_are_counted(tmp_path, corrupt):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     # a world of one: the allreduce of the fill is the fill; every corrupted element counts once
     assert result["wrong"] == corrupt
+    assert result["placed_wrong"] == [corrupt, corrupt]  # out of place and in place are both checked
+    assert result["in_place_is_results"]  # all_reduce is in place in torch.distributed
     assert (result["size"], result["count"]) == (64, 16)
     assert result["algbw"] == pytest.approx(64 / result["time_s"])
     assert result["busbw"] == 0.0  # nccl-tests' factor 2(n-1)/n is 0 for one rank

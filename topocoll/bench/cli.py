@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import logging
 import os
 import platform
@@ -49,6 +50,32 @@ BACKENDS = ("topo", "gloo", "nccl")
 PLANNER_BASELINES = ("ring", "rank_order_ring", "double_binary_tree", "hierarchical", "recursive_doubling")
 
 
+IGNORED_OPTIONS: tuple[tuple[str, str, str], ...] = (
+    ("-p", "parallel_init", "threads initialize in parallel (one thread per rank here)"),
+    ("-y", "stream_null", "run on CUDA's null stream (collectives run on the current stream)"),
+    ("-G", "cudagraph", "CUDA graph launches (collectives are not captured into graphs)"),
+    ("-C", "report_cputime", "report CPU time (times are the host's wall clock after synchronizing)"),
+    ("-S", "report_timestamps", "print a timestamp per line"),
+    ("-R", "local_register", "NCCL buffer registration"),
+    ("-x", "cta_policy", "NCCL CTA policy"),
+    ("-D", "device_implementation", "NCCL device implementation"),
+    ("-V", "device_cta_count", "CTAs of the device implementation"),
+    ("-M", "memory", "device memory report"),
+    ("-u", "unalign", "misalign the buffers by this many elements"),
+    ("-I", "per_iter_timing", "per-iteration CUDA event timing"),
+    ("-K", "per_iter_skip", "samples left out of the per-iteration summary"),
+)
+"""nccl-tests' options (``src/common.cu``) that steer CUDA, NCCL or thread details this
+benchmark does not have: (flag, long name, what nccl-tests does with it)."""
+
+ALL_OPS = (RedOp.SUM, RedOp.PROD, RedOp.MAX, RedOp.MIN, RedOp.AVG)
+"""``-o all``: nccl-tests' order (its ``mulsum``, NCCL's pre-multiplied sum, has no
+torch.distributed operation that gloo runs)."""
+
+NOT_RUN_TYPES = "uint32, uint64, f8e4m3, f8e5m2"
+"""nccl-tests' ``-d all`` types that torch.distributed's CPU backend does not reduce."""
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser that raises instead of printing usage on every rank."""
 
@@ -61,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Benchmark a collective with nccl-tests' method and output, next to the baseline backend.",
-        epilog="Sizes take K, M and G suffixes (powers of 1024). Only rank 0 prints.",
+        epilog="Sizes take K, M and G suffixes (powers of 1024). Only rank 0 prints. nccl-tests command lines run "
+        "as they are, e.g. 'mpirun -np 4 --oversubscribe topocoll-bench allreduce -b 8 -e 128M -f 2 -g 1' "
+        "(--oversubscribe: more ranks than cores); without a launcher the benchmark runs a world of one.",
     )
     parser.add_argument("collective", help="allreduce, allgather, reduce_scatter, broadcast or reduce")
     sizes = parser.add_argument_group("sizes (as nccl-tests)")
@@ -70,13 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("-f", "--stepfactor", type=int, default=1, help="multiply the size by this (default: use -i)")
     sizes.add_argument("-i", "--stepbytes", default="1M", help="add this many bytes when -f is not given (default 1M)")
     op = parser.add_argument_group("operation")
-    op.add_argument("-d", "--datatype", default="float", help=f"{', '.join(metrics.DTYPES)} (default float)")
-    op.add_argument("-o", "--op", default="sum", help="sum, prod, min, max or avg (default sum)")
+    op.add_argument("-d", "--datatype", default="float", help=f"{', '.join(metrics.DTYPES)}, or all of them: all (default float)")
+    op.add_argument("-o", "--op", default="sum", help="sum, prod, max, min, avg, or all of them: all (default sum)")
     op.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
     perf = parser.add_argument_group("measurement")
-    perf.add_argument("-n", "--iters", type=int, default=20, help="timed operations per size (default 20)")
+    perf.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size and placement (default 20)")
+    perf.add_argument("-m", "--agg_iters", type=int, default=1, help="operations issued together per timed iteration (default 1)")
     perf.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed operations at the largest and smallest size (default 5)")
     perf.add_argument("-c", "--check", type=int, default=1, help="checked operations per size, 0 to skip checking (default 1)")
+    perf.add_argument("-N", "--run_cycles", type=int, default=1, help="run the sweep this many times, printing each; 0 until interrupted (default 1)")
+    perf.add_argument(
+        "-z", "--blocking", type=int, default=0, choices=(0, 1, 2, 3),
+        help="0 issue the timed operations asynchronously and wait at the end; 1 wait for each and barrier; "
+        "2 wait for each; 3 wait and barrier after each iteration, timing only the operations (default 0)",
+    )
     perf.add_argument(
         "-a", "--average", type=int, default=3, choices=(0, 1, 2, 3),
         help="time across ranks: 0 rank 0, 1 average, 2 minimum, 3 maximum (default 3)",
@@ -97,8 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--backend", default="topo", choices=BACKENDS, help="backend under test (default topo)")
     setup.add_argument("--baseline", default="auto", help="baseline backend: auto (gloo on CPU, nccl on GPU), gloo, nccl or none")
     setup.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="tensor device (default: cuda when available)")
+    compat = parser.add_argument_group(
+        "nccl-tests options without a meaning here (accepted, so that nccl-tests command lines run; "
+        "a value other than the default is named in the report's header)"
+    )
+    compat.add_argument("-t", "--nthreads", type=int, default=1, help="threads per process: 1 (a rank is one process)")
+    compat.add_argument("-g", "--ngpus", type=int, default=1, help="devices per thread: 1 (a rank drives one device)")
+    for flag, name, help_text in IGNORED_OPTIONS:
+        compat.add_argument(flag, f"--{name}", default=None, metavar="N", help=help_text)
     out = parser.add_argument_group("output")
-    out.add_argument("-J", "--json", metavar="FILE", help="write all results as JSON")
+    out.add_argument("-J", "--json", "--output_file", dest="json", metavar="FILE", help="write all results as JSON")
     out.add_argument("--csv", metavar="FILE", help="write the table as CSV")
     out.add_argument("--plot", metavar="FILE", help="plot busbw against size (PNG)")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -116,12 +160,16 @@ class BenchConfig:
     max_bytes: int
     step_factor: int
     step_bytes: int
-    dtype_name: str
-    op: RedOp
+    dtype_names: tuple[str, ...]
+    ops: tuple[RedOp, ...]
+    combinations: tuple[tuple[str, RedOp], ...]
     root: int
     iters: int
+    agg_iters: int
     warmup: int
     check: int
+    run_cycles: int
+    blocking: int
     average: int
     timeout_s: float
     backend: str
@@ -134,6 +182,35 @@ class BenchConfig:
     csv_path: str | None
     plot_path: str | None
     quiet: bool
+    notes: tuple[str, ...] = ()
+
+    @property
+    def datatype(self) -> str:
+        """``-d`` as given: one name, or ``all``."""
+        return self.dtype_names[0] if len(self.dtype_names) == 1 else "all"
+
+
+def _combinations(spec: CollectiveSpec, dtype_names: tuple[str, ...], ops: tuple[RedOp, ...], every_op: bool) -> tuple[
+    tuple[tuple[str, RedOp], ...], list[str]
+]:
+    """The (type, op) pairs to run, in nccl-tests' order (types outer), and what was left out.
+
+    Raises
+    ------
+    BenchArgumentError
+        A single type and op that cannot go together (average of integers).
+    """
+    if not spec.reduces:
+        return tuple((name, RedOp.SUM) for name in dtype_names), []
+    if len(dtype_names) == 1 and len(ops) == 1:
+        metrics.check_op_dtype(ops[0], metrics.DTYPES[dtype_names[0]])
+    pairs = [(name, op) for name in dtype_names for op in ops if op is not RedOp.AVG or metrics.DTYPES[name].is_floating_point]
+    left = []
+    if len(pairs) < len(dtype_names) * len(ops):
+        left.append("avg of integer types is not run (torch.distributed averages floating-point types only)")
+    if every_op:
+        left.append("-o all: mulsum is not run (no torch.distributed operation on CPU)")
+    return tuple(pairs), left
 
 
 def _resolve_device(requested: str) -> str:
@@ -157,19 +234,32 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
     max_bytes = parse_size(args.maxbytes, "maxbytes")
     step_bytes = parse_size(args.stepbytes, "stepbytes")
     sizes = sweep(min_bytes, max_bytes, args.stepfactor, step_bytes)
-    dtype_name, dtype = metrics.dtype_by_name(args.datatype)
-    op = RedOp.parse(args.op)
-    if spec.reduces:
-        metrics.check_op_dtype(op, dtype)
-    for name, value, low in (("iters (-n)", args.iters, 1), ("warmup_iters (-w)", args.warmup_iters, 0), ("check (-c)", args.check, 0)):
+    every_type = args.datatype.lower() == "all"
+    dtype_names = tuple(metrics.DTYPES) if every_type else (metrics.dtype_by_name(args.datatype)[0],)
+    every_op = args.op.lower() == "all"
+    ops = ALL_OPS if every_op else (RedOp.parse(args.op),)
+    combinations, notes = _combinations(spec, dtype_names, ops, every_op and spec.reduces)
+    if every_type:
+        notes.insert(0, f"-d all: {NOT_RUN_TYPES} are not run (torch.distributed's CPU backend does not reduce them)")
+    for name, value, low in (
+        ("iters (-n)", args.iters, 1),
+        ("agg_iters (-m)", args.agg_iters, 1),
+        ("warmup_iters (-w)", args.warmup_iters, 0),
+        ("check (-c)", args.check, 0),
+        ("run_cycles (-N)", args.run_cycles, 0),
+    ):
         if value < low:
             raise BenchArgumentError(f"{name} must be >= {low}, got {value}")
-    if not args.timeout > 0:
-        raise BenchArgumentError(f"timeout (-T) must be > 0 seconds, got {args.timeout}")
-    if world_size < 2:
-        raise BenchArgumentError(
-            f"a collective needs at least 2 ranks, this is a world of {world_size}: start with mpirun -np N or torchrun --nproc-per-node N"
-        )
+    for name, value, what in (("nthreads (-t)", args.nthreads, "threads"), ("ngpus (-g)", args.ngpus, "devices")):
+        if value != 1:
+            raise BenchArgumentError(
+                f"{name} {value}: nccl-tests runs {value} {what} in one process; here each rank is one process driving one "
+                "device, so start that many more ranks (mpirun -np N, torchrun --nproc-per-node N)"
+            )
+    for flag, name, help_text in IGNORED_OPTIONS:
+        value = getattr(args, name)
+        if value is not None and value.strip() not in ("0", ""):
+            notes.append(f"{flag} {value} ({help_text.split(' (')[0]}) has no meaning here: ignored")
     if spec.rooted and not 0 <= args.root < world_size:
         raise BenchArgumentError(f"root (-r) {args.root} is not a rank of a world of {world_size} (0..{world_size - 1})")
     device = _resolve_device(args.device)
@@ -210,12 +300,16 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
         max_bytes=max_bytes,
         step_factor=args.stepfactor,
         step_bytes=step_bytes,
-        dtype_name=dtype_name,
-        op=op,
+        dtype_names=dtype_names,
+        ops=ops if spec.reduces else (RedOp.SUM,),
+        combinations=combinations,
         root=args.root if spec.rooted else 0,
         iters=args.iters,
+        agg_iters=args.agg_iters,
         warmup=args.warmup_iters,
         check=args.check,
+        run_cycles=args.run_cycles,
+        blocking=args.blocking,
         average=args.average,
         timeout_s=float(args.timeout),
         backend=args.backend,
@@ -228,6 +322,7 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
         csv_path=args.csv,
         plot_path=args.plot,
         quiet=args.quiet,
+        notes=tuple(notes),
     )
 
 
@@ -435,18 +530,23 @@ def _run(launch: Launch, config: BenchConfig, setup: Setup, argv: list[str]) -> 
         series = [Series(config.backend, dist.group.WORLD)]
         if baseline_group is not None:
             series.append(Series("baseline", baseline_group))
-        settings = SweepSettings(
-            spec=config.spec,
-            op=config.op,
-            dtype_name=config.dtype_name,
-            dtype=metrics.DTYPES[config.dtype_name],
-            root=config.root,
-            iters=config.iters,
-            warmup=config.warmup,
-            check=config.check,
-            aggregation=TimeAggregation(config.average),
-            device=device,
-        )
+        runs = [
+            SweepSettings(
+                spec=config.spec,
+                op=op,
+                dtype_name=dtype_name,
+                dtype=metrics.DTYPES[dtype_name],
+                root=config.root,
+                iters=config.iters,
+                warmup=config.warmup,
+                check=config.check,
+                aggregation=TimeAggregation(config.average),
+                device=device,
+                agg_iters=config.agg_iters,
+                blocking=config.blocking,
+            )
+            for dtype_name, op in config.combinations
+        ]
         bound_fn = cut_bound_time_fn(setup, config) if rank == 0 else (lambda size_bytes: None)
         header = _header_lines(config, setup, launch, ranks_info)
         skeleton = Report(
@@ -457,21 +557,27 @@ def _run(launch: Launch, config: BenchConfig, setup: Setup, argv: list[str]) -> 
             rows=(),
             header=tuple(header),
             checked=config.check > 0,
+            placements=True,
         )
         if rank == 0:
             print(skeleton.preamble(), end="", flush=True)
-        for s in series:
-            warm_up(settings, s, config.sizes, rank, world)
-        progress = Progress(len(config.sizes), enabled=rank == 0 and not config.quiet)
+        total = len(config.sizes) * len(runs) * (config.run_cycles or 1)
+        progress = Progress(total, enabled=rank == 0 and not config.quiet)
         rows = []
+        done = 0
         try:
-            for index, size in enumerate(config.sizes, start=1):
-                row = measure_size(settings, tuple(series), size, rank, world, meta, bound_fn)
-                if row is not None:
-                    rows.append(row)
-                    if rank == 0:
-                        print(skeleton.format_row(row), flush=True)
-                progress.advance(index, size)
+            for settings in runs:  # as nccl-tests: each type and op warms up, then runs its cycles
+                for s in series:
+                    warm_up(settings, s, config.sizes, rank, world)
+                for _cycle in itertools.count() if config.run_cycles == 0 else range(config.run_cycles):
+                    for size in config.sizes:
+                        row = measure_size(settings, tuple(series), size, rank, world, meta, bound_fn)
+                        if row is not None:
+                            rows.append(row)
+                            if rank == 0:
+                                print(skeleton.format_row(row), flush=True)
+                        done += 1
+                        progress.advance(done, size)
         finally:
             progress.close()
         report = Report(
@@ -484,6 +590,7 @@ def _run(launch: Launch, config: BenchConfig, setup: Setup, argv: list[str]) -> 
             config=_config_dict(config, setup, launch, argv),
             ranks=tuple(ranks_info),
             checked=config.check > 0,
+            placements=True,
         )
         if rank == 0:
             print("\n".join(report.footer()), flush=True)
@@ -528,15 +635,16 @@ def _header_lines(config: BenchConfig, setup: Setup, launch: Launch, ranks: list
     topology = setup.topology
     lines = [
         f"nThread 1 nGpus 1 minBytes {config.min_bytes} maxBytes {config.max_bytes} step: {step} "
-        f"warmup iters: {config.warmup} iters: {config.iters} agg iters: 1 validation: {config.check} graph: 0",
+        f"warmup iters: {config.warmup} iters: {config.iters} agg iters: {config.agg_iters} validation: {config.check} graph: 0",
         "",
         f"{PROG} {config.spec.collective.value}: backend {config.backend}"
         + (f" vs baseline {config.baseline}" if config.baseline else " (no baseline)")
-        + f", {launch.world_size} ranks on {config.device}, launched by {launch.method.value}",
+        + f", {launch.world_size} rank{'s' if launch.world_size > 1 else ''} on {config.device}, launched by {launch.method.value}",
         f"Topology: {topology.name or '(unnamed)'} ({setup.topology_source}), {len(topology.nodes)} nodes, "
         f"{len(topology.links)} links, {topology.digest()[:19]}...",
     ]
     lines += [f"  note: {note}" for note in topology.notes]
+    lines += [f"Note: {note}" for note in config.notes]
     if setup.schedule is not None:
         lines.append(f"Schedule: {config.schedule_path} ({setup.schedule.name or 'unnamed'}, {len(setup.schedule.steps)} steps)")
     elif config.backend == "topo" and config.planner != "auto":
@@ -544,9 +652,21 @@ def _header_lines(config: BenchConfig, setup: Setup, launch: Launch, ranks: list
     elif config.backend == "topo":
         lines.append("Schedule: synthesized by topocoll.solver.plan for each size bucket")
     mode = "in place" if config.spec.in_place else "out of place"
-    lines.append(f"Operation: {config.spec.collective.value} {mode}, as torch.distributed runs it (one set of columns per backend)")
+    blocking = {
+        0: "issued with async_op=True, waited for at the end",
+        1: "each waited for, then a barrier",
+        2: "each waited for",
+        3: "each iteration waited for, then a barrier (not timed)",
+    }[config.blocking]
+    lines.append(
+        f"Operation: {config.spec.collective.value}, out of place and in place for each backend; {config.iters} iterations "
+        f"of {config.agg_iters} operation{'s' if config.agg_iters > 1 else ''}, {blocking} (-z {config.blocking})"
+    )
     lines.append(f"Time: {TimeAggregation(config.average).label} (-a {config.average}); #wrong: summed over ranks")
-    lines.append(f"speedup = baseline time / {config.backend} time; bound = cut-bound algbw; %bound = {config.backend} algbw / bound")
+    lines.append(
+        f"speedup = baseline time / {config.backend} time, bound = cut-bound algbw, %bound = {config.backend} algbw / bound: "
+        f"{mode}, torch.distributed's own form of {config.spec.collective.value}"
+    )
     lines += ["", "Using devices"]
     for info in ranks:
         where = f"[{info['busid']}] " if info["busid"] else ""
@@ -567,12 +687,17 @@ def _config_dict(config: BenchConfig, setup: Setup, launch: Launch, argv: list[s
         "max_bytes": config.max_bytes,
         "step_factor": config.step_factor,
         "step_bytes": config.step_bytes,
-        "datatype": config.dtype_name,
-        "op": config.op.value if config.spec.reduces else None,
+        "datatype": config.datatype,
+        "op": (config.ops[0].value if len(config.ops) == 1 else "all") if config.spec.reduces else None,
+        "combinations": [{"type": name, "redop": op.value if config.spec.reduces else None} for name, op in config.combinations],
         "root": config.root if config.spec.rooted else None,
         "iters": config.iters,
+        "agg_iters": config.agg_iters,
         "warmup_iters": config.warmup,
         "check": config.check,
+        "run_cycles": config.run_cycles,
+        "blocking": config.blocking,
+        "notes": list(config.notes),
         "average": config.average,
         "timeout_s": config.timeout_s,
         "backend": config.backend,

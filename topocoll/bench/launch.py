@@ -186,7 +186,7 @@ def init_distributed(launch: Launch, backend: str, timeout_s: float, pg_options:
     Parameters
     ----------
     launch : Launch
-        From :func:`detect_launch` (not a single process).
+        From :func:`detect_launch` (a single process gets a world of one).
     backend : str
         ``"topo"``, ``"gloo"`` or ``"nccl"``.
     timeout_s : float
@@ -203,8 +203,9 @@ def init_distributed(launch: Launch, backend: str, timeout_s: float, pg_options:
     if launch.method is LaunchMethod.ENV:
         dist.init_process_group(backend, init_method="env://", **kwargs)
         return
-    if launch.method is not LaunchMethod.MPI:
-        raise BenchArgumentError("a collective needs at least 2 ranks: start the benchmark with mpirun or torchrun")
+    if launch.method is LaunchMethod.SINGLE:  # alone, as nccl-tests started without mpirun: an in-process store
+        dist.init_process_group(backend, store=dist.HashStore(), **kwargs)
+        return
     single_host, first_host = _same_host(launch)
     address = os.environ.get("MASTER_ADDR") or (LOOPBACK_ADDR if single_host else _host_address(first_host))
     if launch.rank == 0:

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -240,13 +240,11 @@ class Counts:
 
 @dataclass(frozen=True, slots=True)
 class Buffers:
-    """One rank's buffers for one operation (``input`` is ``output`` for in-place ones)."""
+    """One rank's buffers for one operation (``input`` is ``output``, or a part of it, or holds
+    it, for in-place ones)."""
 
     input: torch.Tensor
     output: torch.Tensor
-
-
-RunFn = Callable[[Buffers, "dist.ProcessGroup", RedOp, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +261,9 @@ class CollectiveSpec:
     sharded : bool
         Allgather / reduce-scatter: S is N shards.
     in_place : bool
-        Whether torch.distributed runs it in place (allreduce, broadcast, reduce); the others
-        are run out of place (``*_into_tensor`` forms).
+        Whether torch.distributed's own form is in place (allreduce, broadcast, reduce) or out
+        of place (the ``*_into_tensor`` forms). The benchmark runs both forms, as nccl-tests
+        does; speedup and percent of the bound are those of this form.
     """
 
     collective: Collective
@@ -288,38 +287,59 @@ class CollectiveSpec:
             return Counts(total * itemsize, shard, shard, total)
         return Counts(total * itemsize, shard, total, shard)
 
-    def buffers(self, counts: Counts, op: RedOp, dtype: torch.dtype, rank: int, root: int, device: torch.device) -> Buffers:
-        """This rank's freshly filled buffers (outputs that are not inputs are zeroed)."""
+    def buffers(
+        self, counts: Counts, op: RedOp, dtype: torch.dtype, rank: int, root: int, device: torch.device, in_place: bool | None = None
+    ) -> Buffers:
+        """This rank's freshly filled buffers (outputs that are not inputs are zeroed).
+
+        ``in_place`` places them as nccl-tests does: the input is the output (allreduce,
+        broadcast, reduce), this rank's shard of the output (allgather), or the output is this
+        rank's shard of the input (reduce-scatter). None: torch.distributed's own form
+        (:attr:`in_place`).
+        """
+        in_place = self.in_place if in_place is None else in_place
         if self.collective is Collective.ALLGATHER:
             shard = counts.in_count
-            return Buffers(
-                fill(op, dtype, rank, rank * shard, shard).to(device),
-                torch.zeros(counts.out_count, dtype=dtype, device=device),
-            )
+            mine = fill(op, dtype, rank, rank * shard, shard).to(device)
+            output = torch.zeros(counts.out_count, dtype=dtype, device=device)
+            if in_place:
+                output[rank * shard : (rank + 1) * shard] = mine
+                return Buffers(output[rank * shard : (rank + 1) * shard], output)
+            return Buffers(mine, output)
         if self.collective is Collective.REDUCE_SCATTER:
-            return Buffers(
-                fill(op, dtype, rank, 0, counts.in_count).to(device),
-                torch.zeros(counts.out_count, dtype=dtype, device=device),
-            )
+            whole = fill(op, dtype, rank, 0, counts.in_count).to(device)
+            shard = counts.out_count
+            if in_place:
+                return Buffers(whole, whole[rank * shard : (rank + 1) * shard])
+            return Buffers(whole, torch.zeros(shard, dtype=dtype, device=device))
         if self.collective is Collective.BROADCAST and rank != root:
-            buffer = torch.zeros(counts.in_count, dtype=dtype, device=device)
+            data = torch.zeros(counts.in_count, dtype=dtype, device=device)
         else:
-            buffer = fill(op, dtype, rank, 0, counts.in_count).to(device)
-        return Buffers(buffer, buffer)
+            data = fill(op, dtype, rank, 0, counts.in_count).to(device)
+        if in_place:
+            return Buffers(data, data)
+        return Buffers(data, torch.zeros(counts.out_count, dtype=dtype, device=device))
 
-    def run(self, buffers: Buffers, group: "dist.ProcessGroup", op: RedOp, root: int) -> None:
-        """Issue the collective once on ``group`` (blocking)."""
+    def run(self, buffers: Buffers, group: "dist.ProcessGroup", op: RedOp, root: int, async_op: bool = False) -> Any:
+        """Issue the collective once on ``group``; its Work when ``async_op``, else None.
+
+        torch.distributed's all-reduce, broadcast and reduce work in place: out of place, the
+        input is first copied into the output (as a torch program does), then the output is
+        reduced or broadcast in place.
+        """
         c = self.collective
+        if c in (Collective.ALLREDUCE, Collective.BROADCAST, Collective.REDUCE) and buffers.input is not buffers.output:
+            if c is not Collective.BROADCAST or dist.get_rank(group) == root:
+                buffers.output.copy_(buffers.input)
         if c is Collective.ALLREDUCE:
-            dist.all_reduce(buffers.output, op=op.torch_op, group=group)
-        elif c is Collective.ALLGATHER:
-            _all_gather_single(buffers.output, buffers.input, group)
-        elif c is Collective.REDUCE_SCATTER:
-            _reduce_scatter_single(buffers.output, buffers.input, op.torch_op, group)
-        elif c is Collective.BROADCAST:
-            dist.broadcast(buffers.output, src=root, group=group)
-        else:
-            dist.reduce(buffers.output, dst=root, op=op.torch_op, group=group)
+            return dist.all_reduce(buffers.output, op=op.torch_op, group=group, async_op=async_op)
+        if c is Collective.ALLGATHER:
+            return _all_gather_single(buffers.output, buffers.input, group, async_op)
+        if c is Collective.REDUCE_SCATTER:
+            return _reduce_scatter_single(buffers.output, buffers.input, op.torch_op, group, async_op)
+        if c is Collective.BROADCAST:
+            return dist.broadcast(buffers.output, src=root, group=group, async_op=async_op)
+        return dist.reduce(buffers.output, dst=root, op=op.torch_op, group=group, async_op=async_op)
 
     def expected(self, counts: Counts, op: RedOp, dtype: torch.dtype, rank: int, root: int, world_size: int) -> torch.Tensor | None:
         """What this rank's output must hold, or None when it is unspecified (reduce off root)."""
@@ -337,14 +357,14 @@ class CollectiveSpec:
         return reference(op, dtype, world_size, 0, counts.out_count)
 
 
-def _all_gather_single(output: torch.Tensor, input_: torch.Tensor, group: "dist.ProcessGroup") -> None:
+def _all_gather_single(output: torch.Tensor, input_: torch.Tensor, group: "dist.ProcessGroup", async_op: bool) -> Any:
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, input_, group=group)
+    return gather(output, input_, group=group, async_op=async_op)
 
 
-def _reduce_scatter_single(output: torch.Tensor, input_: torch.Tensor, op: dist.ReduceOp, group: "dist.ProcessGroup") -> None:
+def _reduce_scatter_single(output: torch.Tensor, input_: torch.Tensor, op: dist.ReduceOp, group: "dist.ProcessGroup", async_op: bool) -> Any:
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    scatter(output, input_, op=op, group=group)
+    return scatter(output, input_, op=op, group=group, async_op=async_op)
 
 
 COLLECTIVES: dict[Collective, CollectiveSpec] = {

@@ -2,10 +2,14 @@
 
 A :class:`Report` holds rows of measured (or predicted) results for one collective, one
 :class:`Measurement` per *series* (``topo`` and the baseline for the benchmark; topocoll's
-schedule and the baselines for the simulator), plus the cut bound's time per size. The text
-table keeps nccl-tests' first columns and number formats (``size count type redop root time
-algbw busbw #wrong``) so that scripts written for nccl-tests keep working; the other series,
-the speedup, the bound's algbw and the percentage of it follow on the same line.
+schedule and the baselines for the simulator), plus the cut bound's time per size. The
+benchmark measures every series out of place and in place, and its text table starts exactly
+as nccl-tests' does (``size count type redop root``, then ``time algbw busbw #wrong`` out of
+place and in place for the backend under test, same number formats) so that scripts written
+for nccl-tests keep working; the baseline's two groups, the speedup, the bound's algbw and the
+percentage of it follow on the same line. Speedup and percentage are those of
+torch.distributed's own form of the collective (in place for allreduce, broadcast and reduce,
+out of place for allgather and reduce-scatter): the row's ``results``.
 
 Units inside are seconds and bytes per second; the table shows µs and GB/s (1e9 bytes/s) as
 nccl-tests does, JSON keeps SI units, CSV names the unit in each column header.
@@ -80,6 +84,9 @@ class Row:
         One per series of the report (None: not available for this size).
     bound_time_s : float or None
         Cut-bound time for S, None when unknown.
+    placed : pair of tuples of (Measurement or None), or None
+        The benchmark's out-of-place and in-place measurements, one per series each
+        (``results`` is one of the two); None for predictions.
     """
 
     size_bytes: int
@@ -89,6 +96,15 @@ class Row:
     root: int
     results: tuple[Measurement | None, ...]
     bound_time_s: float | None = None
+    placed: tuple[tuple[Measurement | None, ...], tuple[Measurement | None, ...]] | None = None
+
+    def groups(self) -> tuple[Measurement | None, ...]:
+        """The table's result groups in order: per series, out of place then in place (or
+        the one result per series when the row has no placements)."""
+        if self.placed is None:
+            return self.results
+        out_of_place, in_place = self.placed
+        return tuple(m for pair in zip(out_of_place, in_place) for m in pair)
 
     @property
     def bound_algbw_bytes_per_s(self) -> float | None:
@@ -129,6 +145,11 @@ def format_time_us(time_s: float) -> str:
 _LEAD_WIDTH = 2 + 10 + 2 + 12 + 2 + 8 + 2 + 6 + 2 + 6
 """Width of ``#`` plus nccl-tests' size/count/type/redop/root columns."""
 
+_NCCL_TESTS_PLACEMENTS = "           out-of-place                       in-place          "
+"""nccl-tests' labels over its two result groups (printed after the leading columns)."""
+
+PLACEMENTS = ("out-of-place", "in-place")
+
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -153,6 +174,9 @@ class Report:
         Whether results were checked (the ``#wrong`` columns show numbers, else ``N/A``).
     show_wrong : bool
         Whether the table has ``#wrong`` columns at all (False for predictions).
+    placements : bool
+        Whether each series has an out-of-place and an in-place group (the benchmark's
+        tables, whose rows carry ``placed``).
     """
 
     kind: str
@@ -165,17 +189,24 @@ class Report:
     ranks: tuple[dict[str, Any], ...] = ()
     checked: bool = True
     show_wrong: bool = True
+    placements: bool = False
 
     # ------------------------------------------------------------------ summaries
     @property
     def wrong_total(self) -> int:
         """Wrong elements over every row and series."""
-        return sum(m.wrong or 0 for row in self.rows for m in row.results if m is not None)
+        return sum(m.wrong or 0 for row in self.rows for m in row.groups() if m is not None)
 
     def avg_busbw_bytes_per_s(self, series_index: int = 0) -> float:
-        """Mean busbw of one series over the rows (nccl-tests' ``Avg bus bandwidth``)."""
-        values = [row.results[series_index].busbw_bytes_per_s for row in self.rows if row.results[series_index] is not None]
+        """Mean busbw of one series over the rows, out of place and in place (nccl-tests'
+        ``Avg bus bandwidth``)."""
+        values = []
+        for row in self.rows:
+            for group in row.placed if row.placed is not None else (row.results,):
+                if group[series_index] is not None:
+                    values.append(group[series_index].busbw_bytes_per_s)
         return sum(values) / len(values) if values else 0.0
+
 
     @property
     def factor(self) -> float:
@@ -186,15 +217,33 @@ class Report:
     def _group_width(self) -> int:
         return 32 if self.show_wrong else 24
 
+    def _groups(self, row: Row) -> tuple[Measurement | None, ...]:
+        if self.placements and row.placed is None:  # a row without placements: empty in-place cells
+            return tuple(m for result in row.results for m in (result, None))
+        return row.groups()
+
+    def group_labels(self) -> list[str]:
+        """The label over each result group of the table."""
+        if not self.placements:
+            return list(self.series)
+        labels = []
+        for index, label in enumerate(self.series):
+            labels += list(PLACEMENTS) if index == 0 else [f"{label} {placement}" for placement in PLACEMENTS]
+        return labels
+
     def table_header(self) -> list[str]:
         """The three column-header lines (group names, column names, units)."""
         width = self._group_width()
-        groups = "".join(f"{label:^{width}}" for label in self.series)
+        labels = self.group_labels()
+        if self.placements:  # nccl-tests' own line over the first two groups, then ours
+            groups = _NCCL_TESTS_PLACEMENTS + "".join(f"{label:^{width}}" for label in labels[2:])
+        else:
+            groups = "".join(f"{label:^{width}}" for label in labels)
         extra_label = f"vs {self.series[1]}, bound" if len(self.series) == 2 else "vs best baseline, bound"
         groups += f"{extra_label:^25}"
         names = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
         units = f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}"
-        for _ in self.series:
+        for _ in labels:
             if self.show_wrong:
                 names += f"  {'time':>7}  {'algbw':>6}  {'busbw':>6} {'#wrong':>6}"
                 units += f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>5}"
@@ -203,12 +252,12 @@ class Report:
                 units += f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}"
         names += f"  {'speedup':>7}  {'bound':>6}  {'%bound':>6}"
         units += f"  {'(x)':>7}  {'(GB/s)':>6}  {'(%)':>6}"
-        return ["#" + " " * (_LEAD_WIDTH - 1) + groups.rstrip(), names, units]
+        return [("#" + " " * (_LEAD_WIDTH - 1) + groups).rstrip(), names, units]
 
     def format_row(self, row: Row) -> str:
-        """One table line, nccl-tests' format for the leading columns and each series."""
+        """One table line, nccl-tests' format for the leading columns and each group."""
         line = f"{row.size_bytes:12d}  {row.count:12d}  {row.dtype:>8}  {row.redop:>6}  {row.root:6d}"
-        for measurement in row.results:
+        for measurement in self._groups(row):
             if measurement is None:
                 cells = f"  {'-':>7}  {'-':>6}  {'-':>6}"
                 wrong = f"  {'-':>5}"
@@ -266,6 +315,16 @@ class Report:
                     "results": {
                         label: (m.to_json_dict() if m is not None else None) for label, m in zip(self.series, row.results)
                     },
+                    **(
+                        {
+                            placement.replace("-", "_"): {
+                                label: (m.to_json_dict() if m is not None else None) for label, m in zip(self.series, group)
+                            }
+                            for placement, group in zip(PLACEMENTS, row.placed)
+                        }
+                        if row.placed is not None
+                        else {}
+                    ),
                     "bound_time_s": row.bound_time_s,
                     "bound_algbw_bytes_per_s": bound_alg,
                     "bound_busbw_bytes_per_s": bound_alg * self.factor if bound_alg is not None else None,
@@ -299,15 +358,20 @@ class Report:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         head = ["size_bytes", "count", "type", "redop", "root"]
-        for label in self.series:
-            head += [f"{label}_time_us", f"{label}_algbw_GB_per_s", f"{label}_busbw_GB_per_s"]
+        prefixes = [
+            f"{label}_{placement.replace('-', '_')}_" if self.placements else f"{label}_"
+            for label in self.series
+            for placement in (PLACEMENTS if self.placements else ("",))
+        ]
+        for prefix in prefixes:
+            head += [f"{prefix}time_us", f"{prefix}algbw_GB_per_s", f"{prefix}busbw_GB_per_s"]
             if self.show_wrong:
-                head.append(f"{label}_wrong")
+                head.append(f"{prefix}wrong")
         head += ["speedup", "bound_algbw_GB_per_s", "percent_of_bound"]
         writer.writerow(head)
         for row in self.rows:
             cells: list[Any] = [row.size_bytes, row.count, row.dtype, row.redop, row.root]
-            for m in row.results:
+            for m in self._groups(row):
                 if m is None:
                     cells += ["", "", ""] + ([""] if self.show_wrong else [])
                     continue
@@ -340,17 +404,19 @@ class Report:
         axes = figure.add_subplot()
         styles = ("o-", "s--", "^-.", "v:", "d-")
         baseline = self.config.get("baseline")
+        # one line per series: of several types and ops (-d all, -o all), the first one's rows
+        rows = [r for r in self.rows if (r.dtype, r.redop) == (self.rows[0].dtype, self.rows[0].redop)] if self.rows else []
         for index, label in enumerate(self.series):
             points = [
                 (r.size_bytes, r.results[index].busbw_bytes_per_s / GB)
-                for r in self.rows
+                for r in rows
                 if r.results[index] is not None and r.results[index].busbw_bytes_per_s > 0
             ]
             if points:
                 xs, ys = zip(*points)
                 name = f"baseline ({baseline})" if label == "baseline" and baseline else label
                 axes.plot(xs, ys, styles[index % len(styles)], label=name, linewidth=1.6, markersize=4)
-        bound = [(r.size_bytes, r.bound_algbw_bytes_per_s * self.factor / GB) for r in self.rows if r.bound_algbw_bytes_per_s]
+        bound = [(r.size_bytes, r.bound_algbw_bytes_per_s * self.factor / GB) for r in rows if r.bound_algbw_bytes_per_s]
         if bound:
             xs, ys = zip(*bound)
             axes.plot(xs, ys, color="black", linestyle=(0, (6, 3)), linewidth=1.2, label="cut bound")
@@ -360,13 +426,15 @@ class Report:
         axes.set_ylabel("bus bandwidth (GB/s)")
         what = "measured" if self.kind == "bench" else "predicted (α-β model)"
         topology = self.config.get("topology", {}).get("name") or "topology"
-        axes.set_title(f"{self.collective.value}, {self.world_size} ranks on {topology}: {what} busbw")
+        which = f" ({rows[0].dtype} {rows[0].redop})" if rows and len(rows) < len(self.rows) else ""
+        axes.set_title(f"{self.collective.value}{which}, {self.world_size} ranks on {topology}: {what} busbw")
         # busbw spans orders of magnitude between small and large messages, and the bound can be
         # far above what a loopback run reaches: a log axis keeps every curve readable.
         axes.set_yscale("log")
         axes.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}"))
         axes.grid(True, which="major", alpha=0.35)
-        axes.legend(loc="best")
+        if axes.get_legend_handles_labels()[0]:  # nothing to plot when every busbw is 0 (one rank)
+            axes.legend(loc="best")
         figure.tight_layout()
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png")

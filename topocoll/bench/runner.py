@@ -1,11 +1,18 @@
 """The benchmark loop: warm up, time, check and combine across ranks, one size at a time.
 
 It follows nccl-tests' ``TimeTest``/``BenchTime``: ``warmup`` untimed operations at the largest
-and at the smallest size, then for each size one untimed operation, ``iters`` timed ones (the
-time of one is the elapsed time over ``iters``), then ``check`` operations on freshly filled
-buffers whose outputs are compared element by element with the reference. Each size is measured
-on the backend under test and right after on the baseline group, so that the two numbers share
-the machine's state of the moment.
+and at the smallest size, then for each size, out of place and then in place: one untimed
+operation, ``iters`` timed iterations of ``agg_iters`` operations each (the time of one
+operation is the elapsed time over ``iters x agg_iters``), then ``check`` operations on freshly
+filled buffers whose outputs are compared element by element with the reference. Each size is
+measured on the backend under test and right after on the baseline group, so that the numbers
+share the machine's state of the moment.
+
+``blocking`` is nccl-tests' ``-z``: 0 issues the timed operations with ``async_op=True`` and
+waits for all of them at the end (the backend may run them back to back, as a CUDA stream
+does); 1 waits for each operation and then meets the other ranks at a barrier; 2 waits for each
+operation; 3 waits for each iteration's operations and meets at a barrier, timing only the
+operations.
 
 Times are combined across ranks as ``-a`` says (nccl-tests: 0 rank 0, 1 average, 2 minimum,
 3 maximum); wrong elements are summed over ranks. Metadata (times, counts) always travels on the
@@ -62,6 +69,10 @@ class SweepSettings:
         nccl-tests' ``-n``, ``-w`` and ``-c``.
     aggregation : TimeAggregation
     device : torch.device
+    agg_iters : int
+        nccl-tests' ``-m``: operations per timed iteration.
+    blocking : int
+        nccl-tests' ``-z`` (module docstring).
     """
 
     spec: CollectiveSpec
@@ -74,6 +85,8 @@ class SweepSettings:
     check: int
     aggregation: TimeAggregation
     device: torch.device
+    agg_iters: int = 1
+    blocking: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,27 +142,53 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def _wait(works: list, device: torch.device) -> None:
+    for work in works:
+        if work is not None:
+            work.wait()
+    works.clear()
+    _synchronize(device)
+
+
+def _timed_s(settings: SweepSettings, series: Series, buffers, meta: "dist.ProcessGroup") -> float:
+    """This rank's time of one operation: ``iters`` iterations of ``agg_iters`` operations."""
+    spec, blocking = settings.spec, settings.blocking
+    works: list = []
+    operations_s = 0.0
+    start = time.perf_counter()
+    for _ in range(settings.iters):
+        began = time.perf_counter()
+        for _ in range(settings.agg_iters):
+            works.append(spec.run(buffers, series.group, settings.op, settings.root, async_op=True))
+            if blocking in (1, 2):
+                _wait(works, settings.device)
+            if blocking == 1:
+                dist.barrier(group=meta)
+        if blocking == 3:
+            _wait(works, settings.device)
+            operations_s += time.perf_counter() - began
+            dist.barrier(group=meta)
+    _wait(works, settings.device)
+    elapsed_s = operations_s if blocking == 3 else time.perf_counter() - start
+    return elapsed_s / (settings.iters * settings.agg_iters)
+
+
 def _measure_one(
-    settings: SweepSettings, series: Series, size: int, rank: int, world_size: int, meta: "dist.ProcessGroup"
+    settings: SweepSettings, series: Series, size: int, rank: int, world_size: int, meta: "dist.ProcessGroup", in_place: bool
 ) -> Measurement:
     spec = settings.spec
     counts = spec.counts(size, _itemsize(settings.dtype), world_size)
-    buffers = spec.buffers(counts, settings.op, settings.dtype, rank, settings.root, settings.device)
+    buffers = spec.buffers(counts, settings.op, settings.dtype, rank, settings.root, settings.device, in_place)
     spec.run(buffers, series.group, settings.op, settings.root)  # untimed, as nccl-tests' "sync" call
     _synchronize(settings.device)
     dist.barrier(group=meta)
-    start = time.perf_counter()
-    for _ in range(settings.iters):
-        spec.run(buffers, series.group, settings.op, settings.root)
-    _synchronize(settings.device)
-    local_s = (time.perf_counter() - start) / settings.iters
-    time_s = combine_time_s(local_s, settings.aggregation, meta)
+    time_s = combine_time_s(_timed_s(settings, series, buffers, meta), settings.aggregation, meta)
     wrong: int | None = None
     if settings.check > 0:
         expected = spec.expected(counts, settings.op, settings.dtype, rank, settings.root, world_size)
         wrong = 0
         for _ in range(settings.check):
-            buffers = spec.buffers(counts, settings.op, settings.dtype, rank, settings.root, settings.device)
+            buffers = spec.buffers(counts, settings.op, settings.dtype, rank, settings.root, settings.device, in_place)
             spec.run(buffers, series.group, settings.op, settings.root)
             _synchronize(settings.device)
             local_wrong = 0 if expected is None else count_wrong(buffers.output, expected, settings.op)
@@ -169,20 +208,24 @@ def measure_size(
     meta: "dist.ProcessGroup",
     bound_time_s: Callable[[int], float | None],
 ) -> Row | None:
-    """Measure one size on every series; None when the size holds no element per rank."""
+    """Measure one size on every series, out of place and in place; None when the size holds
+    no element per rank."""
     spec = settings.spec
     counts = spec.counts(size, _itemsize(settings.dtype), world_size)
     if counts.in_count == 0 or counts.out_count == 0:
         return None
-    results = tuple(_measure_one(settings, s, size, rank, world_size, meta) for s in series)
+    placed = tuple(
+        tuple(_measure_one(settings, s, size, rank, world_size, meta, in_place) for s in series) for in_place in (False, True)
+    )
     return Row(
         size_bytes=counts.size_bytes,
         count=counts.count,
         dtype=settings.dtype_name,
         redop=settings.op.value if spec.reduces else "none",
         root=settings.root if spec.rooted else -1,
-        results=results,
+        results=placed[1] if spec.in_place else placed[0],
         bound_time_s=bound_time_s(counts.size_bytes) if rank == 0 else None,
+        placed=placed,
     )
 
 
