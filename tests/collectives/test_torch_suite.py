@@ -97,8 +97,9 @@ TOPO_XFAIL: dict[str, str] = {}
 BACKENDS = ("gloo", "topo")
 
 
-def _run_suite(backend: str, world_size: int, workdir: Path) -> dict[str, dict]:
-    """Run ``SELECTED[world_size]`` on ``backend`` in one runner process; its results by test."""
+def run_suite(backend: str, world_size: int, workdir: Path, names=None, timeout_s: float = RUNNER_TIMEOUT_S) -> dict[str, dict]:
+    """Run ``names`` (default ``SELECTED[world_size]``; ``[]``: every test) on ``backend`` in one
+    runner process, killed with its ranks after ``timeout_s``; its results by test."""
     out = workdir / "results.json"
     env = {k: v for k, v in os.environ.items() if k not in ("TOPOCOLL_TOPOLOGY", "CI")}
     # (PyTorch's test base writes reports and changes profiles when CI is set)
@@ -112,13 +113,13 @@ def _run_suite(backend: str, world_size: int, workdir: Path) -> dict[str, dict]:
         PYTORCH_PRINT_REPRO_ON_FAILURE="0",
         PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
-    command = [sys.executable, "-m", "tests.collectives.torch_suite", "--out", str(out), *SELECTED[world_size]]
+    command = [sys.executable, "-m", "tests.collectives.torch_suite", "--out", str(out), *(SELECTED[world_size] if names is None else names)]
     log = workdir / "runner.log"
     with log.open("w") as sink:
         # a session of its own: on a timeout the runner and every rank it forked go together
         runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            runner.wait(RUNNER_TIMEOUT_S)
+            runner.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(runner.pid, signal.SIGKILL)
             runner.wait()
@@ -137,7 +138,7 @@ def suite_results(tmp_path_factory):
         key = (backend, world_size)
         if key not in cache:
             try:
-                cache[key] = _run_suite(backend, world_size, tmp_path_factory.mktemp(f"torch-suite-{backend}-{world_size}"))
+                cache[key] = run_suite(backend, world_size, tmp_path_factory.mktemp(f"torch-suite-{backend}-{world_size}"))
             except RuntimeError as exc:
                 cache[key] = str(exc)  # every test of this runner fails with it, none reruns it
         found = cache[key]
@@ -162,6 +163,7 @@ def _cases():
 @pytest.mark.timeout(RUNNER_TIMEOUT_S + 60)
 @pytest.mark.parametrize(("backend", "world_size", "name"), list(_cases()))
 def test_pytorch_distributed_test(suite_results, backend, world_size, name):
-    result = suite_results(backend, world_size)[name]
+    missing = {"outcome": "not run", "message": f"the runner was stopped after {RUNNER_TIMEOUT_S} s, before this test"}
+    result = suite_results(backend, world_size).get(name, missing)
     # a skip here means the runner did not declare what the backend implements
     assert result["outcome"] == "passed", f"{name} on {backend}: {result['outcome']}: {result['message']}"

@@ -140,7 +140,12 @@ def test_a_pending_handle_raises_the_operations_failure_and_a_cancelled_one_says
     def failing(result):
         return TopoWork(result, CollectiveError("rank 0: broadcast: collective #2 failed"))
 
-    gate = threading.Event()
+    gate, running = threading.Event(), threading.Event()
+
+    def block():
+        running.set()
+        return gate.wait(10)
+
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         work, _ = _pending(pool, failing)
         with pytest.raises(CollectiveError, match="collective #2 failed"):
@@ -148,7 +153,8 @@ def test_a_pending_handle_raises_the_operations_failure_and_a_cancelled_one_says
         assert not work.is_success()
         with pytest.raises(CollectiveError, match="collective #2 failed"):
             work.get_future().wait()
-        blocker = pool.submit(gate.wait, 10)
+        blocker = pool.submit(block)
+        assert running.wait(10)  # the thread holds the blocker, so only `queued` is cancelled
         queued, _ = _pending(pool, lambda result: TopoWork(result))
         pool.shutdown(wait=False, cancel_futures=True)
         gate.set()

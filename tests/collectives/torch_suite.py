@@ -119,13 +119,22 @@ def failure_summary(text: str) -> str:
     return " | ".join(unique)[:400]
 
 
-class _RecordingResult(unittest.TextTestResult):
-    """Keeps one record per test: outcome, message, seconds."""
+def _write(out: Path, records: dict[str, dict]) -> None:
+    body = {"backend": BACKEND, "world_size": int(os.environ["WORLD_SIZE"]), "tests": records}
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(body, indent=1, sort_keys=True))
+    partial.replace(out)  # a reader never sees half a file
 
-    def __init__(self, *args, **kwargs) -> None:
+
+class _RecordingResult(unittest.TextTestResult):
+    """Keeps one record per test (outcome, message, seconds), written to ``out`` after each test
+    so that a runner stopped part way still leaves the results it has."""
+
+    def __init__(self, *args, out: Path, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.records: dict[str, dict] = {}
         self._started = 0.0
+        self._out = out
 
     def startTest(self, test) -> None:  # noqa: N802 (unittest's name)
         self._started = time.monotonic()
@@ -134,6 +143,7 @@ class _RecordingResult(unittest.TextTestResult):
     def _record(self, test, outcome: str, message: str = "") -> None:
         name = test.id().rsplit(".", 1)[-1]
         self.records[name] = {"outcome": outcome, "message": message, "seconds": round(time.monotonic() - self._started, 2)}
+        _write(self._out, self.records)
 
     def addSuccess(self, test) -> None:  # noqa: N802
         super().addSuccess(test)
@@ -159,10 +169,10 @@ def run(names: list[str], out: Path, start_method: str = "fork", verbosity: int 
     for test in tests:
         test.start_method = start_method
     suite = unittest.TestSuite(tests)
-    runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=verbosity, resultclass=_RecordingResult)
+    runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=verbosity, resultclass=functools.partial(_RecordingResult, out=out))
     result = runner.run(suite)
     records = {name: result.records.get(name, {"outcome": "failed", "message": "no result", "seconds": 0}) for name in names}
-    out.write_text(json.dumps({"backend": BACKEND, "world_size": int(os.environ["WORLD_SIZE"]), "tests": records}, indent=1, sort_keys=True))
+    _write(out, records)
     return records
 
 
