@@ -1,11 +1,17 @@
 """A rank started by torchrun (``env://``) or mpirun (mpi4py + TCPStore on a port rank 0 picks).
 
-Usage: ``launched_rank.py env|mpi``. Runs all_reduce / broadcast / all_gather over "topo" and
-prints ``OK <rank> <world size> <schedule name>`` when the results are right.
+Usage: ``launched_rank.py env|mpi|elastic``. Runs all_reduce / broadcast / all_gather over "topo"
+and prints ``OK <rank> <world size> <schedule name>`` when the results are right.
+
+``elastic`` is ``env`` under ``torchrun --max-restarts``: in the first attempt
+(``TORCHELASTIC_RESTART_COUNT`` 0) every rank prints ``ATTEMPT0 <rank>`` after one right all_reduce,
+then the last rank dies in the middle of the next one; torchrun stops the survivors and starts
+every rank again, and the second attempt runs the whole program.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
 
@@ -19,7 +25,7 @@ TIMEOUT = timedelta(seconds=60)
 
 
 def init(mode: str) -> None:
-    if mode == "env":
+    if mode in ("env", "elastic"):
         dist.init_process_group("topo", timeout=TIMEOUT)
         return
     from mpi4py import MPI
@@ -32,8 +38,24 @@ def init(mode: str) -> None:
     dist.init_process_group("topo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
 
 
+def die_in_first_attempt() -> None:
+    """The first attempt of ``elastic``: one right all_reduce, then the last rank dies."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x)
+    assert bool((x == n).all()), "first attempt: wrong all_reduce"
+    print(f"ATTEMPT0 {rank}", flush=True)
+    if rank == n - 1:
+        os._exit(3)  # a dead peer: no clean-up of any kind
+    dist.all_reduce(x)  # the survivors wait here until torchrun stops them
+    raise SystemExit("first attempt: the all_reduce with a dead peer returned")
+
+
 def main() -> int:
-    init(sys.argv[1])
+    mode = sys.argv[1]
+    init(mode)
+    if mode == "elastic" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        die_in_first_attempt()
     rank, n = dist.get_rank(), dist.get_world_size()
     x = torch.arange(1000, dtype=torch.float64) * (rank + 1)
     dist.all_reduce(x)

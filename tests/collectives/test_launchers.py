@@ -66,3 +66,41 @@ def test_mpirun_bootstrap():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [o[:2] for o in _oks(result.stdout)] == [["0", "2"], ["1", "2"]], result.stdout
+
+
+def _topocoll_shm() -> set[str]:
+    directory = Path("/dev/shm")
+    return {p.name for p in directory.iterdir() if p.name.startswith("topocoll")} if directory.is_dir() else set()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_torchrun_restarts_every_rank_after_a_peer_dies(tmp_path):
+    """torchrun --max-restarts: the last rank dies in the middle of a collective, torchrun stops
+    the others and starts all of them again, and the new group gives right answers."""
+    before = _topocoll_shm()
+    result = subprocess.run(
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "3",
+            "--max-restarts",
+            "1",
+            "--monitor-interval",
+            "0.5",
+            str(SCRIPT),
+            "elastic",
+        ],
+        env=_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=260,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = sorted(re.findall(r"ATTEMPT0 (\d+)", result.stdout))
+    assert first == ["0", "1", "2"], result.stdout  # the first attempt ran until the death
+    assert [o[:2] for o in _oks(result.stdout)] == [["0", "3"], ["1", "3"], ["2", "3"]], result.stdout
+    assert re.search(r"exitcode\s*:\s*3\b", result.stderr), result.stderr[-3000:]  # the death torchrun saw
+    left = _topocoll_shm() - before
+    assert not left, f"left in /dev/shm: {sorted(left)}"

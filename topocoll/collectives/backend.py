@@ -1276,8 +1276,16 @@ def _scatter_copy(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
 def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
     """Backend creator torch.distributed calls (extended API: it gets the global ranks)."""
     extra = backend_options if isinstance(backend_options, TopoOptions) else TopoOptions()
+    store = options.store
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None:
+        # torchrun hands every attempt of an elastic run the same store (its agent's, unless
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): an attempt's keys must not meet the addresses and
+        # digests its dead predecessor left there. The agent restarts all its workers together,
+        # so the ranks of one attempt agree on the count.
+        store = dist.PrefixStore(f"topocoll/attempt{attempt}", store)
     return TopoProcessGroup(
-        options.store,
+        store,
         options.group_rank,
         options.group_size,
         options.timeout,
