@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from topocoll.bench.launch import LaunchMethod, agree, detect_launch, rank_from_environment
-from topocoll.bench.metrics import BenchArgumentError
+from topocoll.bench.collective_table import BenchArgumentError
 
 
 def test_env_variables_win():

@@ -16,8 +16,8 @@ SCRIPT = textwrap.dedent(
     import json, sys
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from topocoll.bench import metrics
-    from topocoll.bench.metrics import COLLECTIVES, CollectiveSpec, RedOp
+    from topocoll.bench import operations
+    from topocoll.bench.collective_table import COLLECTIVES, RedOp
     from topocoll.bench.runner import Series, SweepSettings, TimeAggregation, measure_size
     from topocoll.solver.schedule import Collective
 
@@ -25,15 +25,15 @@ SCRIPT = textwrap.dedent(
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=60))
     meta = dist.new_group(backend="gloo")
     corrupt = int(sys.argv[2])
-    honest_run = CollectiveSpec.run
+    honest_issue = operations.issue
 
-    def run(self, buffers, group, op, root, async_op=False):
-        work = honest_run(self, buffers, group, op, root, async_op)
+    def issue(spec, buffers, group, op, root, async_op=False):
+        work = honest_issue(spec, buffers, group, op, root, async_op)
         if work is not None:
             work.wait()
         buffers.output[:corrupt] += 1  # a broken collective: the first elements come out wrong
 
-    CollectiveSpec.run = run
+    operations.issue = issue
     settings = SweepSettings(COLLECTIVES[Collective.ALLREDUCE], RedOp.SUM, "float", torch.float32, 0,
                              iters=2, warmup=0, check=2, aggregation=TimeAggregation.MAX, device=torch.device("cpu"))
     row = measure_size(settings, (Series("gloo", None),), 64, 0, 1, meta, lambda size: 2.0e-9 * size)

@@ -123,3 +123,24 @@ def test_a_tampered_or_unstamped_schedule_is_not_simulated(capsys, tmp_path, cha
     assert status == 2 and out == ""
     assert len(err.splitlines()) == 1, err
     assert ("no topology_digest" if change == "without-digest" else "is not valid") in err, err
+
+
+def test_simulate_runs_without_torch(flat4, tmp_path):
+    """Predicting a table needs no torch: the whole command, table and JSON written, in a fresh
+    interpreter whose ``sys.modules`` is then read."""
+    import subprocess
+    import sys
+
+    from tests.bench.helpers import REPO_ROOT
+
+    script = (
+        "import sys\n"
+        "from topocoll.cli import main\n"
+        f"status = main(['simulate', '--topology', {str(flat4)!r}, '--collective', 'allgather', '--sizes', '1K:1M',"
+        f" '-J', {str(tmp_path / 'p.json')!r}])\n"
+        "print(status, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "0 []"
+    assert json.loads((tmp_path / "p.json").read_text())["rows"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from topocoll.bench.metrics import BenchArgumentError
+from topocoll.bench.collective_table import BenchArgumentError
 from topocoll.errors import UsageError
 from topocoll.bench.sizes import format_size, parse_size, parse_size_range, sweep
 

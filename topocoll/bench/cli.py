@@ -28,9 +28,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
-from topocoll.bench import metrics
+from topocoll.bench import collective_table, operations
 from topocoll.bench.launch import Launch, abort, agree, detect_launch, init_distributed, rank_from_environment, share_cores
-from topocoll.bench.metrics import BenchArgumentError, CollectiveSpec, RedOp
+from topocoll.bench.collective_table import BenchArgumentError, CollectiveSpec, RedOp
 from topocoll.bench.sizes import parse_size, sweep
 from topocoll.errors import TopocollError, UsageError
 
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("-f", "--stepfactor", type=int, default=1, help="multiply the size by this (default: use -i)")
     sizes.add_argument("-i", "--stepbytes", default="1M", help="add this many bytes when -f is not given (default 1M)")
     op = parser.add_argument_group("operation")
-    op.add_argument("-d", "--datatype", default="float", help=f"{', '.join(metrics.DTYPES)}, or all of them: all (default float)")
+    op.add_argument("-d", "--datatype", default="float", help=f"{', '.join(collective_table.DTYPE_ITEMSIZES)}, or all of them: all (default float)")
     op.add_argument("-o", "--op", default="sum", help="sum, prod, max, min, avg, or all of them: all (default sum)")
     op.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
     perf = parser.add_argument_group("measurement")
@@ -203,8 +203,8 @@ def _combinations(spec: CollectiveSpec, dtype_names: tuple[str, ...], ops: tuple
     if not spec.reduces:
         return tuple((name, RedOp.SUM) for name in dtype_names), []
     if len(dtype_names) == 1 and len(ops) == 1:
-        metrics.check_op_dtype(ops[0], metrics.DTYPES[dtype_names[0]])
-    pairs = [(name, op) for name in dtype_names for op in ops if op is not RedOp.AVG or metrics.DTYPES[name].is_floating_point]
+        collective_table.check_op_dtype(ops[0], dtype_names[0])
+    pairs = [(name, op) for name in dtype_names for op in ops if op is not RedOp.AVG or name in collective_table.FLOATING_DTYPES]
     left = []
     if len(pairs) < len(dtype_names) * len(ops):
         left.append("avg of integer types is not run (torch.distributed averages floating-point types only)")
@@ -229,13 +229,13 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
     BenchArgumentError
         The first problem found, in words.
     """
-    spec = metrics.parse_collective(args.collective)
+    spec = collective_table.parse_collective(args.collective)
     min_bytes = parse_size(args.minbytes, "minbytes")
     max_bytes = parse_size(args.maxbytes, "maxbytes")
     step_bytes = parse_size(args.stepbytes, "stepbytes")
     sizes = sweep(min_bytes, max_bytes, args.stepfactor, step_bytes)
     every_type = args.datatype.lower() == "all"
-    dtype_names = tuple(metrics.DTYPES) if every_type else (metrics.dtype_by_name(args.datatype)[0],)
+    dtype_names = tuple(collective_table.DTYPE_ITEMSIZES) if every_type else (collective_table.canonical_dtype_name(args.datatype),)
     every_op = args.op.lower() == "all"
     ops = ALL_OPS if every_op else (RedOp.parse(args.op),)
     combinations, notes = _combinations(spec, dtype_names, ops, every_op and spec.reduces)
@@ -535,7 +535,7 @@ def _run(launch: Launch, config: BenchConfig, setup: Setup, argv: list[str]) -> 
                 spec=config.spec,
                 op=op,
                 dtype_name=dtype_name,
-                dtype=metrics.DTYPES[dtype_name],
+                dtype=operations.DTYPES[dtype_name],
                 root=config.root,
                 iters=config.iters,
                 warmup=config.warmup,

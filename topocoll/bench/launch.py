@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from topocoll.bench.metrics import BenchArgumentError
+from topocoll.bench.collective_table import BenchArgumentError
 
 __all__ = ["LaunchMethod", "Launch", "detect_launch", "rank_from_environment", "init_distributed", "agree", "abort"]
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from topocoll.bench.metrics import CollectiveSpec, RedOp, count_wrong
+from topocoll.bench import operations
+from topocoll.bench.collective_table import CollectiveSpec, RedOp
 from topocoll.bench.report import Measurement, Row
 from topocoll.solver.cost import algbw_bytes_per_s
 
@@ -132,9 +133,9 @@ def warm_up(settings: SweepSettings, series: Series, sizes: tuple[int, ...], ran
         counts = settings.spec.counts(size, _itemsize(settings.dtype), world_size)
         if counts.in_count == 0:
             continue
-        buffers = settings.spec.buffers(counts, settings.op, settings.dtype, rank, settings.root, settings.device)
+        buffers = operations.make_buffers(settings.spec, counts, settings.op, settings.dtype, rank, settings.root, settings.device)
         for _ in range(settings.warmup):
-            settings.spec.run(buffers, series.group, settings.op, settings.root)
+            operations.issue(settings.spec, buffers, series.group, settings.op, settings.root)
         _synchronize(settings.device)
 
 
@@ -159,7 +160,7 @@ def _timed_s(settings: SweepSettings, series: Series, buffers, meta: "dist.Proce
     for _ in range(settings.iters):
         began = time.perf_counter()
         for _ in range(settings.agg_iters):
-            works.append(spec.run(buffers, series.group, settings.op, settings.root, async_op=True))
+            works.append(operations.issue(spec, buffers, series.group, settings.op, settings.root, async_op=True))
             if blocking in (1, 2):
                 _wait(works, settings.device)
             if blocking == 1:
@@ -178,20 +179,20 @@ def _measure_one(
 ) -> Measurement:
     spec = settings.spec
     counts = spec.counts(size, _itemsize(settings.dtype), world_size)
-    buffers = spec.buffers(counts, settings.op, settings.dtype, rank, settings.root, settings.device, in_place)
-    spec.run(buffers, series.group, settings.op, settings.root)  # untimed, as nccl-tests' "sync" call
+    buffers = operations.make_buffers(spec, counts, settings.op, settings.dtype, rank, settings.root, settings.device, in_place)
+    operations.issue(spec, buffers, series.group, settings.op, settings.root)  # untimed, as nccl-tests' "sync" call
     _synchronize(settings.device)
     dist.barrier(group=meta)
     time_s = combine_time_s(_timed_s(settings, series, buffers, meta), settings.aggregation, meta)
     wrong: int | None = None
     if settings.check > 0:
-        expected = spec.expected(counts, settings.op, settings.dtype, rank, settings.root, world_size)
+        expected = operations.expected_output(spec, counts, settings.op, settings.dtype, rank, settings.root, world_size)
         wrong = 0
         for _ in range(settings.check):
-            buffers = spec.buffers(counts, settings.op, settings.dtype, rank, settings.root, settings.device, in_place)
-            spec.run(buffers, series.group, settings.op, settings.root)
+            buffers = operations.make_buffers(spec, counts, settings.op, settings.dtype, rank, settings.root, settings.device, in_place)
+            operations.issue(spec, buffers, series.group, settings.op, settings.root)
             _synchronize(settings.device)
-            local_wrong = 0 if expected is None else count_wrong(buffers.output, expected, settings.op)
+            local_wrong = 0 if expected is None else operations.count_wrong(buffers.output, expected, settings.op)
             wrong = sum_over_ranks(local_wrong, meta)
             if wrong:
                 break

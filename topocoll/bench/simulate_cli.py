@@ -152,15 +152,15 @@ def simulate_report(
         ``kind="simulate"``, series ``topocoll`` then the baselines; a baseline that cannot
         build this collective gets empty cells (logged).
     """
-    from topocoll.bench.metrics import COLLECTIVES, dtype_by_name
+    from topocoll.bench.collective_table import COLLECTIVES, DTYPE_ITEMSIZES, canonical_dtype_name
     from topocoll.bench.report import Measurement, Report, Row
     from topocoll.solver.baselines import BASELINES
     from topocoll.solver.bound import cut_bound
     from topocoll.solver.cost import simulate
 
     spec = COLLECTIVES[collective]
-    dtype_name, dtype = dtype_by_name(dtype_name)
-    itemsize = dtype.itemsize
+    dtype_name = canonical_dtype_name(dtype_name)
+    itemsize = DTYPE_ITEMSIZES[dtype_name]
     n = len(ranks)
     root = root if spec.rooted else None
     if spec.rooted and not (root is not None and 0 <= root < n):
@@ -250,7 +250,7 @@ def simulate_report(
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Handler of ``topocoll simulate``; prints the table, writes the requested files."""
-    from topocoll.bench.metrics import BenchArgumentError
+    from topocoll.bench.collective_table import BenchArgumentError
     from topocoll.bench.sizes import parse_size_range
     from topocoll.solver.schedule import Collective, load_schedule
     from topocoll.solver.verify import require_topology_digest, verify

@@ -6,7 +6,7 @@ when it is greater than 1, else adding ``-i`` bytes.
 
 from __future__ import annotations
 
-from topocoll.bench.metrics import BenchArgumentError
+from topocoll.bench.collective_table import BenchArgumentError
 from topocoll.units import parse_size
 
 __all__ = ["parse_size", "sweep", "parse_size_range", "format_size"]
