@@ -133,7 +133,7 @@ def simulate_report(
         Root of broadcast / reduce.
     schedule : Schedule, optional
         topocoll's schedule. When None, topocoll's series is, at each size, the candidate of
-        :func:`planned_candidates` with the lowest predicted time (what ``plan`` would run).
+        :func:`planned_candidates` that the planner's rule (:func:`topocoll.solver.planner.choose`) picks.
     baselines : sequence of str
         Names in :data:`topocoll.solver.baselines.BASELINES`.
     dtype_name : str
@@ -157,6 +157,7 @@ def simulate_report(
     from topocoll.solver.baselines import BASELINES
     from topocoll.solver.bound import cut_bound
     from topocoll.solver.cost import simulate
+    from topocoll.solver.planner import choose, max_network_flows_per_link
 
     spec = COLLECTIVES[collective]
     dtype_name = canonical_dtype_name(dtype_name)
@@ -184,12 +185,14 @@ def simulate_report(
         points = simulate(sched, topology, effective, per_message_overhead_s)
         return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points]
 
-    # topocoll's series: at each size the candidate plan() would pick (lowest time, then fewest steps)
+    # topocoll's series: at each size the candidate the planner's rule picks
     per_candidate = [predict(c) for c in candidates]
+    flows = [max_network_flows_per_link(c, topology) for c in candidates]
+    steps = [len(c.steps) for c in candidates]
     chosen: list[Any] = []
     topocoll_column: list[Measurement] = []
     for i in range(len(effective)):
-        best = min(range(len(candidates)), key=lambda k: (per_candidate[k][i].time_s, len(candidates[k].steps)))
+        best = choose([per_candidate[k][i].time_s for k in range(len(candidates))], flows, steps)
         chosen.append(candidates[best])
         topocoll_column.append(per_candidate[best][i])
     columns: list[list[Measurement | None]] = [list(topocoll_column)]

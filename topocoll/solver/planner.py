@@ -154,18 +154,54 @@ def max_network_flows_per_link(schedule: Schedule, topology: Topology) -> int:
     return most
 
 
+def choose(times_s: Sequence[float], network_flows: Sequence[int], steps: Sequence[int]) -> int:
+    """The planner's rule: which of several candidates to run, given their predicted times.
+
+    The fastest wins; candidates within :data:`NEAR_TIE` of it count as tied, and a tie goes to
+    the fewest concurrent transfers per network link, then to the shorter time, then to the
+    fewest steps.
+
+    Parameters
+    ----------
+    times_s : sequence of float
+        Each candidate's predicted time (any model, the same for all).
+    network_flows : sequence of int
+        Each candidate's :func:`max_network_flows_per_link`.
+    steps : sequence of int
+        Each candidate's number of steps.
+
+    Returns
+    -------
+    int
+        The index of the chosen candidate.
+
+    See Also
+    --------
+    plan_collective : chooses with the α-β time at a size.
+    topocoll.bench.simulate_cli.simulate_report : chooses the same way, per size of a sweep.
+
+    Examples
+    --------
+    >>> choose([1.00, 1.01, 2.0], [12, 1, 1], [3, 9, 9])  # near tie: the uncrowded one
+    1
+    >>> choose([1.0, 1.5], [12, 1], [3, 3])
+    0
+    """
+    best = min(times_s)
+    tied = [i for i, t in enumerate(times_s) if t <= best * (1 + NEAR_TIE)]
+    return min(tied, key=lambda i: (network_flows[i], times_s[i], steps[i]))
+
+
 def _choose(candidates: Sequence[Candidate], size_bytes: float | None, topology: Topology) -> Candidate:
     if size_bytes is None:
         fastest = min(c.t_bw_s_per_byte for c in candidates)
         candidates = [c for c in candidates if c.t_bw_s_per_byte <= fastest * (1 + NEAR_TIE)]
-    best = min(c.verification.alpha_beta_time_s for c in candidates)
-    tied = [c for c in candidates if c.verification.alpha_beta_time_s <= best * (1 + NEAR_TIE)]
-    if len(tied) == 1:
-        return tied[0]
-    return min(
-        tied,
-        key=lambda c: (max_network_flows_per_link(c.schedule, topology), c.verification.alpha_beta_time_s, len(c.schedule.steps)),
+    index = choose(
+        [c.verification.alpha_beta_time_s for c in candidates],
+        [max_network_flows_per_link(c.schedule, topology) for c in candidates],
+        [len(c.schedule.steps) for c in candidates],
     )
+    return candidates[index]
 
 
 def plan_collective(
