@@ -48,7 +48,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from xml.etree import ElementTree
-from xml.parsers import expat
+from xml.etree.ElementTree import ParseError
+
+from defusedxml import DefusedXmlException, DTDForbidden
+from defusedxml.ElementTree import DefusedXMLParser
 
 from topocoll.errors import FormatError, TopologyError
 from topocoll.topo import bandwidth
@@ -94,7 +97,6 @@ names that topocoll writes back (``<net name=...>``), and refuses a value that i
 to fill memory."""
 
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-_DECLARATION = re.compile(r"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -125,7 +127,7 @@ class XmlDocument:
 
 
 class _Refused(Exception):
-    def __init__(self, line: int, reason: str = "DTD and entity declarations are refused") -> None:
+    def __init__(self, line: int, reason: str) -> None:
         super().__init__(line, reason)
         self.line = line
         self.reason = reason
@@ -141,14 +143,49 @@ def _blank_comments(text: str) -> str:
     return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
 
 
+class _TreeTarget:
+    """Builds :class:`XmlElement` trees with line numbers from the parser's events, refusing
+    nesting and names or values beyond the limits as soon as they appear."""
+
+    def __init__(self) -> None:
+        self.line_of = lambda: 0  # set to the parser's current line once it exists
+        self.stack: list[XmlElement] = []
+        self.roots: list[XmlElement] = []
+        self.comments: list[str] = []
+
+    def start(self, tag: str, attrs: dict[str, str]) -> None:
+        line = self.line_of()
+        if len(self.stack) >= MAX_XML_DEPTH:
+            raise _Refused(line, f"<{_shown(tag)}> is nested deeper than {MAX_XML_DEPTH} levels")
+        for piece in (tag, *attrs, *attrs.values()):
+            if len(piece) > MAX_XML_ATTRIBUTE_CHARS:
+                raise _Refused(
+                    line,
+                    f"<{_shown(tag)}>: a name or attribute value of {len(piece):,} characters "
+                    f"(at most {MAX_XML_ATTRIBUTE_CHARS:,}): {_shown(piece)!r}",
+                )
+        element = XmlElement(tag, dict(attrs), line)
+        (self.stack[-1].children if self.stack else self.roots).append(element)
+        self.stack.append(element)
+
+    def end(self, _tag: str) -> None:
+        self.stack.pop()
+
+    def comment(self, text: str) -> None:
+        self.comments.append(text)
+
+    def close(self) -> None:
+        return None
+
+
 def read_xml(text: str, source: str) -> XmlDocument:
     """Parse ``text`` safely, keeping element line numbers and comments.
 
-    Any ``<!DOCTYPE`` or ``<!ENTITY`` declaration is refused before parsing (so no entity
-    expansion and no external entities); expat is also told never to read parameter entities.
-    Elements nested deeper than :data:`MAX_XML_DEPTH` and attribute values longer than
-    :data:`MAX_XML_ATTRIBUTE_CHARS` are refused as soon as the parser meets them, so the tree
-    handed to the importer is bounded in depth.
+    The parser is defusedxml's: a ``<!DOCTYPE`` (and so any entity declaration) or an external
+    reference is refused where the parser meets it, so nothing is expanded and nothing outside
+    the text is read. Elements nested deeper than :data:`MAX_XML_DEPTH` and attribute values
+    longer than :data:`MAX_XML_ATTRIBUTE_CHARS` are refused as soon as the parser meets them, so
+    the tree handed to the importer is bounded in depth.
 
     Parameters
     ----------
@@ -167,53 +204,26 @@ def read_xml(text: str, source: str) -> XmlDocument:
         ``"SOURCE: line L: ..."`` for malformed XML, declarations, nesting too deep and
         attribute values too long.
     """
-    declaration = _DECLARATION.search(_blank_comments(text))
-    if declaration:
-        line = text.count("\n", 0, declaration.start()) + 1
-        raise FormatError(
-            f"{source}: line {line}: <!{declaration.group(1).upper()} ...> declarations are refused "
-            "(no entity expansion, no external entities)"
-        )
-    parser = expat.ParserCreate("utf-8")
-    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
-    stack: list[XmlElement] = []
-    roots: list[XmlElement] = []
-    comments: list[str] = []
-
-    def start(tag: str, attrs: dict[str, str]) -> None:
-        line = parser.CurrentLineNumber
-        if len(stack) >= MAX_XML_DEPTH:
-            raise _Refused(line, f"<{_shown(tag)}> is nested deeper than {MAX_XML_DEPTH} levels")
-        for piece in (tag, *attrs, *attrs.values()):
-            if len(piece) > MAX_XML_ATTRIBUTE_CHARS:
-                raise _Refused(
-                    line,
-                    f"<{_shown(tag)}>: a name or attribute value of {len(piece):,} characters "
-                    f"(at most {MAX_XML_ATTRIBUTE_CHARS:,}): {_shown(piece)!r}",
-                )
-        element = XmlElement(tag, dict(attrs), line)
-        (stack[-1].children if stack else roots).append(element)
-        stack.append(element)
-
-    def end(_tag: str) -> None:
-        stack.pop()
-
-    def refuse(*_args: object) -> None:
-        raise _Refused(parser.CurrentLineNumber)
-
-    parser.StartElementHandler = start
-    parser.EndElementHandler = end
-    parser.CommentHandler = comments.append
-    parser.StartDoctypeDeclHandler = refuse
-    parser.EntityDeclHandler = refuse
-    parser.ExternalEntityRefHandler = refuse
+    target = _TreeTarget()
+    parser = DefusedXMLParser(target=target, forbid_dtd=True, forbid_entities=True, forbid_external=True)
+    target.line_of = lambda: parser.parser.CurrentLineNumber
     try:
-        parser.Parse(text, True)
-    except expat.ExpatError as exc:
-        raise FormatError(f"{source}: line {exc.lineno}: malformed XML: {expat.ErrorString(exc.code)}") from None
+        parser.feed(text)
+        parser.close()
+    except ParseError as exc:
+        line = exc.position[0]
+        raise FormatError(f"{source}: line {line}: malformed XML: {str(exc).split(':', 1)[0]}") from None
+    except DTDForbidden:
+        raise FormatError(
+            f"{source}: line {target.line_of()}: <!DOCTYPE ...> declarations are refused (no entity expansion, no external entities)"
+        ) from None
+    except DefusedXmlException as exc:  # entity declarations and external references
+        raise FormatError(f"{source}: line {target.line_of()}: refused: {exc}") from None
     except _Refused as exc:
         raise FormatError(f"{source}: line {exc.line}: {exc.reason}") from None
-    return XmlDocument(roots[0], tuple(comments))
+    if not target.roots:
+        raise FormatError(f"{source}: line 1: malformed XML: no element found")
+    return XmlDocument(target.roots[0], tuple(target.comments))
 
 
 def root_tag(text: str) -> str | None:
