@@ -14,6 +14,7 @@ from topocoll.errors import UsageError
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 GB = 1e9
+"""Bytes in a GB: nccl-tests and the vendors' whitepapers count GB as 1e9 bytes."""
 
 
 def parse_size(text: str, what: str = "size") -> int:
@@ -51,12 +52,32 @@ def parse_size(text: str, what: str = "size") -> int:
 
 
 def format_size(size_bytes: float) -> str:
-    """``134217728`` -> ``"128 MiB"``; exact multiples get the largest binary unit."""
+    """``134217728`` -> ``"128 MiB"``; exact multiples get the largest binary unit.
+
+    See Also
+    --------
+    size_label : the short form of plots and tables (``"128M"``).
+    """
     size = int(size_bytes)
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= scale and size % scale == 0:
             return f"{size // scale} {unit}"
     return f"{size} B"
+
+
+def size_label(size_bytes: int) -> str:
+    """Short binary label for plots: ``8``, ``4K``, ``128M``, ``1.5G`` (nccl-tests' spelling).
+
+    Examples
+    --------
+    >>> [size_label(s) for s in (8, 1536, 128 << 20)]
+    ['8', '1.5K', '128M']
+    """
+    for unit in ("T", "G", "M", "K"):
+        scale = _UNITS[unit]
+        if size_bytes >= scale:
+            return f"{size_bytes / scale:g}{unit}"
+    return str(size_bytes)
 
 
 def format_bandwidth(bw_bytes_per_s: float) -> str:

@@ -6,7 +6,8 @@ import pytest
 
 from topocoll.bench.collective_table import BenchArgumentError
 from topocoll.errors import UsageError
-from topocoll.bench.sizes import format_size, parse_size, parse_size_range, sweep
+from topocoll.bench.sizes import parse_size, parse_size_range, sweep
+from topocoll.units import size_label
 
 
 @pytest.mark.parametrize(
@@ -72,5 +73,5 @@ def test_size_range_forms():
             parse_size_range(bad)
 
 
-def test_format_size():
-    assert [format_size(s) for s in (8, 1024, 1536, 128 << 20, 1 << 30)] == ["8", "1K", "1.5K", "128M", "1G"]
+def test_size_label():
+    assert [size_label(s) for s in (8, 1024, 1536, 128 << 20, 1 << 30)] == ["8", "1K", "1.5K", "128M", "1G"]

@@ -27,7 +27,7 @@ from typing import Any
 from topocoll.fileio import write_atomic
 from topocoll.solver.cost import bus_factor
 from topocoll.solver.schedule import Collective
-from topocoll.topo.bandwidth import GB
+from topocoll.units import GB
 
 __all__ = ["FORMAT", "Measurement", "Row", "Report", "format_time_us", "speedup", "percent_of_bound"]
 
@@ -398,7 +398,7 @@ class Report:
         from matplotlib.figure import Figure
         from matplotlib.ticker import FuncFormatter
 
-        from topocoll.bench.sizes import format_size
+        from topocoll.units import size_label
 
         figure = Figure(figsize=(9, 5.5), dpi=120)
         axes = figure.add_subplot()
@@ -421,7 +421,7 @@ class Report:
             xs, ys = zip(*bound)
             axes.plot(xs, ys, color="black", linestyle=(0, (6, 3)), linewidth=1.2, label="cut bound")
         axes.set_xscale("log", base=2)
-        axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: format_size(int(round(x)))))
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: size_label(int(round(x)))))
         axes.set_xlabel("message size S (bytes)")
         axes.set_ylabel("bus bandwidth (GB/s)")
         what = "measured" if self.kind == "bench" else "predicted (α-β model)"

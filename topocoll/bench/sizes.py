@@ -9,9 +9,7 @@ from __future__ import annotations
 from topocoll.bench.collective_table import BenchArgumentError
 from topocoll.units import parse_size
 
-__all__ = ["parse_size", "sweep", "parse_size_range", "format_size"]
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+__all__ = ["parse_size", "sweep", "parse_size_range"]
 
 
 def sweep(min_bytes: int, max_bytes: int, step_factor: int = 1, step_bytes: int = 1 << 20) -> tuple[int, ...]:
@@ -80,13 +78,3 @@ def parse_size_range(text: str, default_factor: int = 2) -> tuple[int, ...]:
         if factor < 2:
             raise BenchArgumentError(f"invalid size range {text!r}: the factor must be >= 2")
     return sweep(parse_size(parts[0], "minimum size"), parse_size(parts[1], "maximum size"), step_factor=factor)
-
-
-def format_size(size_bytes: int) -> str:
-    """Short binary label for plots and messages: ``8``, ``4K``, ``128M``, ``1.5G``."""
-    for unit in ("T", "G", "M", "K"):
-        scale = _UNITS[unit]
-        if size_bytes >= scale:
-            value = size_bytes / scale
-            return f"{value:g}{unit}"
-    return str(size_bytes)

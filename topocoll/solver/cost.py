@@ -16,7 +16,7 @@ bandwidth time for size S is ``S × (its per-byte time)``. Given the time t of o
   and reduce-scatter, and 1 for broadcast and reduce. busbw is comparable with the hardware's
   link bandwidth whatever the number of ranks.
 
-GB/s means 1e9 bytes per second (``topocoll.topo.bandwidth.GB``).
+GB/s means 1e9 bytes per second (``topocoll.units.GB``).
 
 The α-β model
 -------------

@@ -46,8 +46,8 @@ import re
 
 from topocoll.errors import TopologyError
 from topocoll.topo.model import LinkKind
+from topocoll.units import GB
 
-GB = 1e9  # nccl-tests and the vendors' whitepapers count GB as 1e9 bytes
 US = 1e-6
 
 #: NVLink bandwidth per link and direction, by NVLink generation.

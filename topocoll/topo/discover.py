@@ -372,9 +372,7 @@ class _Machine:
             self.notes.add(
                 f"CPU vendor unknown ({vendor!r} in cpuinfo): inter-socket bandwidth assumed {smp / bw.GB:g} GB/s"
             )
-        for i, a in enumerate(self.numas):
-            for b in self.numas[i + 1 :]:
-                self.builder.add_link(f"cpu{a}", f"cpu{b}", LinkKind.SMP, smp, bw.latency_s(LinkKind.SMP))
+        self.builder.add_full_mesh([f"cpu{numa}" for numa in self.numas], LinkKind.SMP, smp, bw.latency_s(LinkKind.SMP))
 
     # ------------------------------------------------------------------------ PCIe tree
     def _path(self, busid: str) -> list[str] | None:

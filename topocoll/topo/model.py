@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -515,6 +515,37 @@ class TopologyBuilder:
         if text not in self.notes:
             self.notes.append(text)
 
-    def build(self) -> Topology:
-        """Validate and return the topology."""
-        return Topology(self._nodes.values(), self._links.values(), name=self.name, notes=self.notes)
+    def add_full_mesh(
+        self, node_ids: Sequence[str], kind: LinkKind, bw_bytes_per_s: float | Mapping[str, float], latency_s: float = 0.0
+    ) -> None:
+        """Join every pair of ``node_ids`` by a duplex link of ``kind`` (sockets by SMP links).
+
+        ``bw_bytes_per_s`` is one figure for all pairs, or one per node, a pair then getting
+        the smaller of its two ends' figures.
+        """
+        for i, a in enumerate(node_ids):
+            for b in node_ids[i + 1 :]:
+                if isinstance(bw_bytes_per_s, Mapping):
+                    bw = min(bw_bytes_per_s[a], bw_bytes_per_s[b])
+                else:
+                    bw = bw_bytes_per_s
+                self.add_link(a, b, kind, bw, latency_s)
+
+    def build(self, source: str | None = None) -> Topology:
+        """Validate and return the topology.
+
+        Parameters
+        ----------
+        source : str, optional
+            The file or machine the topology comes from: errors then start with it.
+
+        Raises
+        ------
+        TopologyError
+        """
+        try:
+            return Topology(self._nodes.values(), self._links.values(), name=self.name, notes=self.notes)
+        except TopologyError as exc:
+            if source is None:
+                raise
+            raise TopologyError(f"{source}: {exc}") from None

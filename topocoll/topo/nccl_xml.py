@@ -613,10 +613,7 @@ def parse_nccl_xml(text: str, source: str = "<nccl-xml>") -> Topology:
         raise TopologyError(f"{source}: {exc}") from None
     for note in carried.notes if carried.ours else importer.notes() + _missing(importer):
         builder.note(note)
-    try:
-        return builder.build()
-    except TopologyError as exc:
-        raise TopologyError(f"{source}: {exc}") from None
+    return builder.build(source)
 
 
 def _missing(importer: _Importer) -> list[str]:
@@ -694,9 +691,7 @@ def _add_smp_links(importer: _Importer, builder: TopologyBuilder) -> None:
         if figure is None and len(cpus) > 1:
             importer.problem("smp", cpu_id)
         figures[cpu_id] = figure if figure is not None else default
-    for i, (a, _) in enumerate(cpus):
-        for b, _ in cpus[i + 1:]:
-            builder.add_link(a, b, LinkKind.SMP, min(figures[a], figures[b]), bandwidth.latency_s(LinkKind.SMP))
+    builder.add_full_mesh([cpu_id for cpu_id, _ in cpus], LinkKind.SMP, figures, bandwidth.latency_s(LinkKind.SMP))
 
 
 def _add_nvlinks(importer, builder, gpu_by_busid, nvswitch_ids, hidden_id) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from topocoll.errors import FormatError, TopologyError
+from topocoll.errors import FormatError
 from topocoll.topo import bandwidth
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
 
@@ -251,10 +251,7 @@ def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> Topology:
     _add_nvlinks(matrix, gpus, ids, builder, generation, notes)
     for note in notes:
         builder.note(note)
-    try:
-        return builder.build()
-    except TopologyError as exc:
-        raise TopologyError(f"{source}: {exc}") from None
+    return builder.build(source)
 
 
 def _add_pcie_tree(matrix, numa, ids, builder, pcie_bw, pcie_lat, notes) -> None:
@@ -333,9 +330,7 @@ def add_sockets(builder: TopologyBuilder, numa_nodes: Iterable[int], notes: list
     for value in cpus:
         builder.add_node(Node(f"cpu{value}", NodeKind.CPU, numa=value))
     smp_bw = bandwidth.SMP_BW_BYTES_PER_S[bandwidth.SMP_DEFAULT_KEY]
-    for i, a in enumerate(cpus):
-        for b in cpus[i + 1 :]:
-            builder.add_link(f"cpu{a}", f"cpu{b}", LinkKind.SMP, smp_bw, bandwidth.latency_s(LinkKind.SMP))
+    builder.add_full_mesh([f"cpu{value}" for value in cpus], LinkKind.SMP, smp_bw, bandwidth.latency_s(LinkKind.SMP))
     if len(cpus) > 1:
         notes.append(f"CPU model unknown: inter-socket bandwidth assumed {smp_bw / bandwidth.GB:g} GB/s")
     return cpus

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from topocoll.errors import FormatError, TopologyError
+from topocoll.errors import FormatError
 from topocoll.topo import bandwidth
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
 from topocoll.topo.nvidia_smi import add_sockets
@@ -121,7 +121,4 @@ def parse_rocm_smi(text: str, source: str = "<rocm-smi>") -> Topology:
             builder.add_link(f"gpu{a[3:]}", f"gpu{b[3:]}", LinkKind.XGMI, xgmi_bw, bandwidth.latency_s(LinkKind.XGMI))
     for note in notes:
         builder.note(note)
-    try:
-        return builder.build()
-    except TopologyError as exc:
-        raise TopologyError(f"{source}: {exc}") from None
+    return builder.build(source)
