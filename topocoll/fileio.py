@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from topocoll.errors import FormatError
+from topocoll.errors import FormatError, UsageError
 
 MIB = 1 << 20
 
@@ -163,3 +163,29 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_output_path(path: str | os.PathLike, option: str | None = None, extensions: tuple[str, ...] | None = None) -> None:
+    """Refuse an output path before any work is done: a folder that does not exist, or (with
+    ``extensions``) a name that does not end in one of them.
+
+    Parameters
+    ----------
+    path : str or path-like
+    option : str, optional
+        The command-line option that named it (``"-o"``, ``"--plot"``), for the message.
+    extensions : tuple of str, optional
+        Lower-case suffixes accepted (``(".json", ".xml")``).
+
+    Raises
+    ------
+    UsageError
+        ``"[OPTION ]PATH: directory D does not exist"`` or ``"...: unknown output extension"``.
+    """
+    target = Path(path)
+    label = f"{option} {path}" if option else str(path)
+    if extensions is not None and target.suffix.lower() not in extensions:
+        raise UsageError(f"{label}: unknown output extension {target.suffix or '(none)'!r}; use {' or '.join(extensions)}")
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{label}: directory {parent} does not exist")

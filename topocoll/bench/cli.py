@@ -33,6 +33,7 @@ from topocoll.bench.launch import Launch, abort, agree, detect_launch, init_dist
 from topocoll.bench.collective_table import BenchArgumentError, CollectiveSpec, RedOp
 from topocoll.bench.sizes import parse_size, sweep
 from topocoll.errors import TopocollError, UsageError
+from topocoll.fileio import check_output_path
 
 __all__ = ["main", "build_parser", "BenchConfig", "validate"]
 
@@ -281,8 +282,8 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
         if path and not Path(path).exists():  # a FIFO or a device: refused when read, in its own words
             raise BenchArgumentError(f"{option} {path}: no such file")
     for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise BenchArgumentError(f"{option} {path}: directory {Path(path).resolve().parent} does not exist")
+        if path:
+            check_output_path(path, option)
     planner = args.planner.lower()
     if planner not in ("auto", "lp", *PLANNER_BASELINES):
         raise BenchArgumentError(f"unknown planner {args.planner!r}; expected auto, lp, {', '.join(PLANNER_BASELINES)}")

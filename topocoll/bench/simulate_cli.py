@@ -12,10 +12,10 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from topocoll.errors import ScheduleError, TopocollError
+from topocoll.fileio import check_output_path
 
 __all__ = ["register", "run_simulate", "simulate_report", "parse_ranks", "DEFAULT_BASELINES"]
 
@@ -266,8 +266,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not overhead_s >= 0:
         raise BenchArgumentError(f"--overhead-us must be >= 0, got {args.overhead_us}")
     for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise BenchArgumentError(f"{option} {path}: directory {Path(path).resolve().parent} does not exist")
+        if path:
+            check_output_path(path, option)
     topology = load_topology(args.topology)
     schedule = None
     if args.schedule:

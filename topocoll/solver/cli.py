@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from topocoll.errors import UsageError
-from topocoll.fileio import write_atomic
+from topocoll.fileio import check_output_path, write_atomic
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.lp import SOLVERS
 from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective
@@ -103,12 +102,6 @@ def _size(text: str | None) -> int | None:
     return size
 
 
-def _check_output(path: str) -> None:
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise UsageError(f"-o {path}: directory {parent} does not exist")
-
-
 def _bandwidth_line(label: str, size: float, time_s: float, bound: Bound, extra: str = "") -> str:
     percent = 100.0 * bound.time_s(size) / time_s
     return f"{label:<12}algbw {format_bandwidth(size / time_s):>12}  {percent:6.2f} % of bound{extra}"
@@ -117,7 +110,7 @@ def _bandwidth_line(label: str, size: float, time_s: float, bound: Bound, extra:
 def run_synthesize(args: argparse.Namespace) -> int:
     """Handler of ``topocoll synthesize``."""
     collective = Collective.parse(args.collective)
-    _check_output(args.output)
+    check_output_path(args.output, "-o")
     topology = load_topology(args.topology)
     ranks = _ranks(topology, args.ranks)
     size = _size(args.size)

@@ -14,9 +14,9 @@ import logging
 import math
 import sys
 from collections import defaultdict
-from pathlib import Path
 
-from topocoll.errors import FormatError, TopocollError
+from topocoll.errors import FormatError
+from topocoll.fileio import check_output_path
 from topocoll.topo import bandwidth as bw
 from topocoll.topo.cluster import DEFAULT_SWITCH_RADIX, Network, make_cluster
 from topocoll.topo.model import LinkKind, NodeKind, Topology, natural_key
@@ -159,7 +159,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """``topocoll topo convert IN -o OUT``."""
     from topocoll.topo.io import load_topology, save_topology
 
-    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    check_output_path(args.output, "-o", TOPOLOGY_EXTENSIONS)
     topology = load_topology(args.input)
     save_topology(topology, args.output)
     _console().print(f"wrote {args.output}: {_counts_line(topology)}")
@@ -171,7 +171,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from topocoll.topo.io import load_topology, save_topology
     from topocoll.topo.merge import merge_topologies
 
-    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    check_output_path(args.output, "-o", TOPOLOGY_EXTENSIONS)
     merged = merge_topologies(load_topology(args.given), load_topology(args.completing))
     save_topology(merged, args.output)
     print_summary(merged, max_rows=DEFAULT_MAX_ROWS)
@@ -184,7 +184,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from topocoll.topo.io import load_topology
 
     if args.png:
-        _check_output(args.png, (".png",))
+        check_output_path(args.png, "--png", (".png",))
     topology = load_topology(args.input)
     if args.png:
         from topocoll.topo.draw import draw_topology
@@ -200,9 +200,9 @@ def cmd_preset(args: argparse.Namespace) -> int:
     """``topocoll topo preset NAME ... -o OUT``."""
     from topocoll.topo.io import save_topology
 
-    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    check_output_path(args.output, "-o", TOPOLOGY_EXTENSIONS)
     if args.png:
-        _check_output(args.png, (".png",))
+        check_output_path(args.png, "--png", (".png",))
     spec = get_preset(args.name)
     nic_bw = None
     if args.nic_gbit is not None:
@@ -247,9 +247,9 @@ def cmd_discover(args: argparse.Namespace) -> int:
     from topocoll.topo.discover import discover_host, flat_topology
     from topocoll.topo.io import save_topology
 
-    _check_output(args.output, TOPOLOGY_EXTENSIONS)
+    check_output_path(args.output, "-o", TOPOLOGY_EXTENSIONS)
     if args.png:
-        _check_output(args.png, (".png",))
+        check_output_path(args.png, "--png", (".png",))
     if args.flat_world_size is not None:
         topology = flat_topology(args.flat_world_size)
     else:
@@ -364,16 +364,6 @@ def _console():
     from rich.console import Console
 
     return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 140, highlight=False)
-
-
-def _check_output(path: str, extensions: tuple[str, ...]) -> None:
-    """Reject an output path before any work: wrong extension or missing directory."""
-    target = Path(path)
-    if target.suffix.lower() not in extensions:
-        raise FormatError(f"{path}: unknown output extension {target.suffix or '(none)'!r}; use {' or '.join(extensions)}")
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise TopocollError(f"{path}: directory {parent} does not exist")
 
 
 def _undirected_pairs(topology: Topology) -> dict[tuple[str, str], tuple[LinkKind, int, float]]:
