@@ -1,0 +1,110 @@
+"""``topocoll synthesize`` and ``topocoll verify``: the README's first schedule commands, their
+figures checked against the library computed independently, and their refusals."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.hostile import TAMPERINGS, assert_one_line_error, synthesized_files, tampered_file, without_digest
+from topocoll.cli import main
+from topocoll.solver.bound import cut_bound
+from topocoll.solver.schedule import Collective, load_schedule
+from topocoll.solver.verify import verify
+from topocoll.topo.io import load_topology
+from topocoll.topo.presets import build_preset
+
+RANKS = ("gpu0", "gpu3", "gpu5")
+"""Three GPUs of a DGX-1 that are not fully connected by NVLink (gpu3-gpu5 go through others)."""
+
+
+@pytest.fixture
+def dgx1(tmp_path):
+    path = tmp_path / "dgx1.json"
+    path.write_text(build_preset("dgx1-v100").to_json())
+    return path
+
+
+def _run(capsys, argv):
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def _percent(out: str, label: str) -> float:
+    match = re.search(rf"^{label}\s+algbw\s+[\d.]+ GB/s\s+([\d.]+) % of bound", out, re.MULTILINE)
+    assert match, out
+    return float(match.group(1))
+
+
+def test_synthesize_writes_a_verified_schedule_with_the_figures_it_prints(capsys, dgx1, tmp_path):
+    out_path = tmp_path / "ag.json"
+    status, out, err = _run(
+        capsys,
+        ["synthesize", "--topology", str(dgx1), "--collective", "allgather", "--ranks", ",".join(RANKS), "-o", str(out_path)],
+    )
+    assert status == 0, err
+    schedule = load_schedule(out_path)
+    topology = load_topology(dgx1)
+    assert schedule.collective is Collective.ALLGATHER and schedule.ranks == RANKS
+    assert schedule.topology_digest == topology.digest()
+    checked = verify(schedule, topology)
+    assert checked.ok, checked.errors[:3]
+    # the printed percentage is the cut bound over the schedule's own bandwidth time
+    bound = cut_bound(topology, Collective.ALLGATHER, RANKS, None)
+    assert _percent(out, "schedule") == pytest.approx(100 * bound.time_per_byte_s / checked.t_bw_s_per_byte, abs=0.01)
+    match = re.search(r"^bound\s+algbw\s+([\d.]+) GB/s", out, re.MULTILINE)
+    assert match and float(match.group(1)) == pytest.approx(bound.algbw_bytes_per_s / 1e9, abs=0.01)
+    assert f"wrote       {out_path}" in out
+
+
+def test_verify_accepts_what_synthesize_wrote(capsys, dgx1, tmp_path):
+    out_path = tmp_path / "ar.json"
+    assert _run(capsys, ["synthesize", "--topology", str(dgx1), "--collective", "allreduce", "-o", str(out_path)])[0] == 0
+    status, out, err = _run(capsys, ["verify", str(out_path), "--topology", str(dgx1), "--size", "64M"])
+    assert status == 0, err
+    assert re.search(r"^correct\s+yes$", out, re.MULTILINE), out
+    checked = verify(load_schedule(out_path), load_topology(dgx1))
+    bound = cut_bound(load_topology(dgx1), Collective.ALLREDUCE, load_schedule(out_path).ranks, None)
+    assert _percent(out, "bandwidth") == pytest.approx(100 * bound.time_per_byte_s / checked.t_bw_s_per_byte, abs=0.01)
+
+
+@pytest.mark.parametrize("change", sorted(TAMPERINGS))
+def test_verify_finds_a_tampered_schedule_wrong(capsys, tmp_path, change):
+    topology_path, schedule_path = synthesized_files(tmp_path)
+    path = tampered_file(schedule_path, TAMPERINGS[change])
+    status, out, err = _run(capsys, ["verify", str(path), "--topology", str(topology_path)])
+    assert status == 1, (out, err)
+    assert re.search(r"^correct\s+NO: \d+ error", out, re.MULTILINE), out
+
+
+def test_verify_refuses_a_schedule_without_digest(capsys, tmp_path):
+    topology_path, schedule_path = synthesized_files(tmp_path)
+    path = tampered_file(schedule_path, without_digest)
+    status, _, err = _run(capsys, ["verify", str(path), "--topology", str(topology_path)])
+    assert_one_line_error(status, err, "topocoll", "topology_digest")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--collective", "alltoall"], "alltoall"),
+        (["--collective", "allreduce", "--root", "1"], "--root applies to broadcast and reduce"),
+        (["--collective", "allreduce", "--ranks", "gpu0,gpu99"], "no node 'gpu99'"),
+        (["--collective", "allreduce", "--size", "0"], "--size must be > 0"),
+    ],
+)
+def test_synthesize_refuses_bad_requests_and_writes_nothing(capsys, dgx1, tmp_path, extra, message):
+    out_path = tmp_path / "never.json"
+    status, out, err = _run(capsys, ["synthesize", "--topology", str(dgx1), *extra, "-o", str(out_path)])
+    assert_one_line_error(status, err, "topocoll", message)
+    assert not out_path.exists()
+
+
+def test_synthesize_checks_the_output_folder_before_solving(capsys, dgx1, tmp_path):
+    status, out, err = _run(
+        capsys, ["synthesize", "--topology", str(dgx1), "--collective", "allreduce", "-o", str(tmp_path / "no" / "x.json")]
+    )
+    assert_one_line_error(status, err, "topocoll", "does not exist")
+    assert out == ""
