@@ -2,7 +2,7 @@
 
 Every scheduled operation is compared with gloo's own result on the same inputs: integers
 bit-exact, floating point within the error of a different summation order. Each rank writes
-``{"problems": [...], "checked": n, ...}``; the test asserts there are no problems.
+``{"problems": {section: [...]}, "checked": n, ...}``; the test asserts each section has none.
 """
 
 from __future__ import annotations
@@ -66,21 +66,28 @@ def gloo_allreduce(t: torch.Tensor, op, group, n: int) -> None:
 
 
 class Checker:
+    """Counts checks and keeps each failed one under the section it ran in (see :data:`SECTIONS`)."""
+
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.problems: list[str] = []
+        self.section = "set-up"
+        self.problems: dict[str, list[str]] = {}
         self.checked = 0
+
+    def problem(self, text: str) -> None:
+        self.problems.setdefault(self.section, []).append(f"rank {self.rank}: {text}")
 
     def expect(self, ok: bool, what: str) -> None:
         self.checked += 1
         if not ok:
-            self.problems.append(f"rank {self.rank}: {what}")
+            self.problem(what)
 
     def run(self, what: str, body) -> None:
+        self.section = what
         try:
             body()
         except Exception as exc:  # report, keep going so every rank stays in step
-            self.problems.append(f"rank {self.rank}: {what}: {type(exc).__name__}: {exc}")
+            self.problem(f"{what}: {type(exc).__name__}: {exc}")
 
 
 def gloo_view(x: torch.Tensor) -> torch.Tensor:
@@ -358,6 +365,20 @@ def ddp(checker: Checker, rank: int, topo, gloo) -> dict:
     return {"ddp_max_diff": float((results["topo"] - results["gloo"]).abs().max())}
 
 
+SECTIONS = (
+    "set-up",
+    "matrix",
+    "other schedules",
+    "special cases",
+    "errors",
+    "subgroup",
+    "ddp",
+    "a rank that never arrives",
+    "a rank that dies",
+)
+"""The parts of :func:`main_worker`, in order; a rank's problems are reported by part."""
+
+
 def main_worker(rank: int, n: int, store_file: str, out_file: str) -> None:
     """The whole matrix, then the failure cases (the last rank stalls, then dies)."""
     report: dict = {}
@@ -376,7 +397,7 @@ def main_worker(rank: int, n: int, store_file: str, out_file: str) -> None:
         checker.run("subgroup", lambda: subgroup(checker, rank, n))
         checker.run("ddp", lambda: report.update(ddp(checker, rank, topo, gloo)))
         dist.barrier(group=gloo)
-        # a rank that never arrives: the others raise within the group timeout
+        checker.section = "a rank that never arrives"  # the others raise within the group timeout
         last = n - 1
         if rank == last:
             time.sleep(7)
@@ -395,6 +416,7 @@ def main_worker(rank: int, n: int, store_file: str, out_file: str) -> None:
             import os
 
             os._exit(0)
+        checker.section = "a rank that dies"
         start = time.monotonic()
         try:
             dist.all_reduce(torch.ones(100), group=short_dead)
@@ -402,7 +424,7 @@ def main_worker(rank: int, n: int, store_file: str, out_file: str) -> None:
         except CollectiveError:
             report["dead_peer_s"] = time.monotonic() - start
     except Exception:
-        checker.problems.append(f"rank {rank}: {traceback.format_exc()}")
+        checker.problem(traceback.format_exc())
     report["problems"] = checker.problems
     report["checked"] = checker.checked
     with open(out_file, "w") as f:
