@@ -28,6 +28,14 @@ class SolverError(TopocollError, RuntimeError):
     """Synthesis was asked for something impossible (e.g. ranks that cannot reach each other)."""
 
 
+class RequestError(SolverError, ScheduleError):
+    """A collective was asked of ranks that cannot take part: too few, repeated, not GPUs or
+    hosts, or a root that is not one of them (:func:`topocoll.solver.request.check_request`).
+
+    It is both a :class:`SolverError` and a :class:`ScheduleError`, the types the solver's entry
+    points and the baselines raised for it before there was one check."""
+
+
 class CollectiveError(TopocollError, RuntimeError):
     """A collective failed at run time: mismatched inputs across ranks, a dead peer, a timeout."""
 

@@ -158,14 +158,14 @@ def simulate_report(
     from topocoll.solver.bound import cut_bound
     from topocoll.solver.cost import simulate
     from topocoll.solver.planner import choose, max_network_flows_per_link
+    from topocoll.solver.request import check_request
 
     spec = COLLECTIVES[collective]
     dtype_name = canonical_dtype_name(dtype_name)
     itemsize = DTYPE_ITEMSIZES[dtype_name]
     n = len(ranks)
     root = root if spec.rooted else None
-    if spec.rooted and not (root is not None and 0 <= root < n):
-        raise ScheduleError(f"--root {root} is not a rank of {n} (0..{n - 1})")
+    ranks = check_request(topology, collective, ranks, root)
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise ScheduleError(f"unknown baseline {unknown[0]!r}; expected some of {', '.join(BASELINES)}")
@@ -287,6 +287,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         collective = Collective.parse(args.collective)
         ranks = parse_ranks(args.ranks, topology.compute_nodes())
         root = args.root
+        if collective.is_rooted and not (root is not None and 0 <= root < len(ranks)):  # the flag, named
+            raise BenchArgumentError(f"--root {root} is not a rank of {len(ranks)} (0..{len(ranks) - 1})")
     baselines = () if args.baselines.strip().lower() == "none" else tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     report = simulate_report(
         topology,

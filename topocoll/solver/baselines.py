@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from topocoll.errors import ScheduleError
+from topocoll.solver.request import check_request
 from topocoll.solver.routing import RouteTable, route_table
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.topo.model import Topology
@@ -75,23 +76,10 @@ def _plan(
     root: int | None,
     routes: RouteTable | None,
 ) -> _Plan:
-    """Validate the common arguments."""
+    """Validate the common arguments (a world of one is allowed; broadcast and reduce default to root 0)."""
     collective = collective if isinstance(collective, Collective) else Collective.parse(collective)
-    nodes = tuple(topology.compute_nodes() if ranks is None else ranks)
-    if not nodes:
-        raise ScheduleError("a schedule needs at least one rank")
-    if len(set(nodes)) != len(nodes):
-        raise ScheduleError("ranks must be distinct topology nodes")
-    for r, node in enumerate(nodes):
-        record = topology.node(node)
-        if not record.kind.is_compute:
-            raise ScheduleError(f"rank {r}: node {node} is a {record.kind.value}, not a gpu/host")
-    if collective.is_rooted:
-        root = 0 if root is None else root
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < len(nodes):
-            raise ScheduleError(f"{collective.value}: root must be a rank in 0..{len(nodes) - 1}, got {root!r}")
-    else:
-        root = None
+    root = (0 if root is None else root) if collective.is_rooted else None
+    nodes = check_request(topology, collective, topology.compute_nodes() if ranks is None else ranks, root, min_ranks=1)
     if routes is None:
         routes = route_table(topology, nodes)
     return _Plan(topology, collective, nodes, root, routes)

@@ -30,6 +30,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from topocoll.errors import SolverError
+from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Collective
 from topocoll.topo.model import Topology
 
@@ -130,31 +131,6 @@ class _FlowNetwork:
         reach = np.zeros(s + 1, dtype=bool)
         reach[breadth_first_order(residual, s, directed=True, return_predecessors=False)] = True
         return result.flow_value / scale, len(all_cap) / scale, reach[:s]
-
-
-def check_request(topology: Topology, collective: Collective, ranks: Sequence[str], root: int | None) -> tuple[str, ...]:
-    """Validate a request for ``collective`` over ``ranks``; returns the ranks as a tuple.
-
-    Raises
-    ------
-    SolverError
-        Fewer than two ranks, repeated ranks, non-compute rank nodes, or (for broadcast and
-        reduce) a root outside the ranks.
-    TopologyError
-        A rank that is not a node of the topology.
-    """
-    ranks = tuple(ranks)
-    if len(ranks) < 2:
-        raise SolverError(f"a collective needs at least 2 ranks, got {len(ranks)}")
-    if len(set(ranks)) != len(ranks):
-        raise SolverError("ranks must be distinct topology nodes")
-    for node_id in ranks:
-        node = topology.node(node_id)
-        if not node.kind.is_compute:
-            raise SolverError(f"rank node {node_id} is a {node.kind.value}, not a gpu or host")
-    if collective.is_rooted and (root is None or not 0 <= root < len(ranks)):
-        raise SolverError(f"{collective.value}: root must be a rank in 0..{len(ranks) - 1}, got {root}")
-    return ranks
 
 
 def _shard_rate(topology: Topology, ranks: tuple[str, ...], reverse: bool) -> tuple[float, tuple[str, ...]]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from topocoll.errors import SolverError
 from topocoll.solver import baselines
-from topocoll.solver.bound import Bound, check_request, cut_bound
+from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.solver.synthesize import SynthesisOptions, layout, pack_for
 from topocoll.solver.verify import Verification, verify

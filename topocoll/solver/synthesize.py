@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topocoll.errors import SolverError
-from topocoll.solver.bound import Bound, check_request, cut_bound
+from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.request import check_request
 from topocoll.solver.hierarchy import host_groups, pack_hierarchical
 from topocoll.solver.packing import Packing, Tree, pack_trees
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
