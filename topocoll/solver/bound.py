@@ -30,6 +30,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from topocoll.errors import SolverError
+from topocoll.solver.link_arrays import link_arrays
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Collective
 from topocoll.topo.model import Topology
@@ -78,26 +79,10 @@ class _FlowNetwork:
     """The topology (minus non-rank compute nodes) as arrays, ready for repeated max-flows."""
 
     def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool) -> None:
-        rank_set = set(ranks)
-        for node_id in ranks:
-            topology.node(node_id)  # raises for unknown nodes
-        keep = [n.id for n in topology.nodes if not n.kind.is_compute or n.id in rank_set]
-        self.index = {node_id: i for i, node_id in enumerate(keep)}
-        self.names = keep
-        src, dst, cap = [], [], []
-        for link in topology.links:
-            if link.src in self.index and link.dst in self.index:
-                a, b = self.index[link.src], self.index[link.dst]
-                if reverse:
-                    a, b = b, a
-                src.append(a)
-                dst.append(b)
-                cap.append(link.bw_bytes_per_s)
-        self.src = np.asarray(src, dtype=np.int64)
-        self.dst = np.asarray(dst, dtype=np.int64)
-        self.cap = np.asarray(cap, dtype=float)
-        self.ranks = np.asarray([self.index[r] for r in ranks], dtype=np.int64)
-        self.n = len(keep)
+        arrays = link_arrays(topology, ranks, reverse)
+        self.names = arrays.names
+        self.src, self.dst, self.cap, self.ranks = arrays.src, arrays.dst, arrays.cap, arrays.ranks
+        self.n = arrays.n
 
     def in_capacity(self, members: np.ndarray) -> float:
         """``B_in(S)`` for the boolean membership vector ``members`` of S."""

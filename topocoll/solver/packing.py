@@ -32,6 +32,7 @@ from scipy.sparse.csgraph import dijkstra
 
 from topocoll.errors import SolverError
 from topocoll.solver import lp
+from topocoll.solver.link_arrays import link_arrays
 from topocoll.topo.model import Topology
 
 log = logging.getLogger(__name__)
@@ -104,32 +105,20 @@ class RankNetwork:
     """Restricted topology as index arrays, with each rank split into an out- and in-copy."""
 
     def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool) -> None:
-        rank_pos = {node_id: i for i, node_id in enumerate(ranks)}
-        keep = [n.id for n in topology.nodes if not n.kind.is_compute or n.id in rank_pos]
-        index = {node_id: i for i, node_id in enumerate(keep)}
-        self.names = keep
-        self.n = len(keep)
-        self.rank_index = np.asarray([index[r] for r in ranks], dtype=np.int64)
+        arrays = link_arrays(topology, ranks, reverse)
+        self.names = arrays.names
+        self.n = arrays.n
+        self.rank_index = arrays.ranks
         # In-copy of rank i: node n + i. Arcs into a rank land on its in-copy, which has no
         # outgoing arcs, so routes never pass through a rank.
-        in_copy = {index[r]: self.n + i for i, r in enumerate(ranks)}
-        src, dst, cap, ends = [], [], [], []
-        for link in topology.links:
-            if link.src not in index or link.dst not in index:
-                continue
-            a, b = index[link.src], index[link.dst]
-            if reverse:
-                a, b = b, a
-            src.append(a)
-            dst.append(in_copy.get(b, b))
-            cap.append(link.bw_bytes_per_s)
-            ends.append((a, b))
-        self.src = np.asarray(src, dtype=np.int64)
-        self.dst = np.asarray(dst, dtype=np.int64)
-        self.cap = np.asarray(cap, dtype=float)
-        self.max_cap = float(self.cap.max()) if len(cap) else 1.0
+        in_copy = np.arange(self.n, dtype=np.int64)
+        in_copy[arrays.ranks] = self.n + np.arange(len(ranks), dtype=np.int64)
+        self.src = arrays.src
+        self.dst = in_copy[arrays.dst]
+        self.cap = arrays.cap
+        self.max_cap = float(self.cap.max()) if len(self.cap) else 1.0
         self.norm_cap = self.cap / self.max_cap
-        self.edge_of = {(int(self.src[e]), int(self.dst[e])): e for e in range(len(src))}
+        self.edge_of = {(int(self.src[e]), int(self.dst[e])): e for e in range(len(self.src))}
         self.reverse = reverse
         self.size = self.n + len(ranks)
 
