@@ -158,7 +158,7 @@ def ring_order(topology: Topology, ranks: Sequence[str], routes: RouteTable | No
 
 
 def _host_grouped(topology: Topology, nodes: tuple[str, ...]) -> tuple[int, ...]:
-    groups = _groups(topology, nodes)
+    groups = topology.ranks_by_host(nodes)
     return tuple(r for group in groups for r in group)
 
 
@@ -176,15 +176,6 @@ def _nearest_neighbour(routes: RouteTable, nodes: tuple[str, ...]) -> tuple[int,
         order.append(nxt)
         left.discard(nxt)
     return tuple(order)
-
-
-def _groups(topology: Topology, nodes: tuple[str, ...]) -> list[list[int]]:
-    """Rank indices grouped by ``host_id`` (a node without one is a group of its own)."""
-    groups: dict[object, list[int]] = {}
-    for r, node in enumerate(nodes):
-        host = topology.node(node).host_id
-        groups.setdefault(host if host is not None else ("", node), []).append(r)
-    return list(groups.values())
 
 
 def _rotate(order: Sequence[int], first: int) -> list[int]:
@@ -544,7 +535,7 @@ def hierarchical(
     # local[g]: the ranks of host g in their intra-host ring order; hosts in ring order too
     local = [
         [group[i] for i in ring_order(topology, [plan.ranks[r] for r in group], plan.routes)]
-        for group in _groups(topology, plan.ranks)
+        for group in topology.ranks_by_host(plan.ranks)
     ]
     host_order = ring_order(topology, [plan.ranks[members[0]] for members in local], plan.routes)
     local = [local[g] for g in host_order]

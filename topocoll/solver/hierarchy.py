@@ -42,16 +42,13 @@ def host_groups(topology: Topology, ranks: Sequence[str]) -> list[list[int]] | N
     Regular means: every rank node has a ``host_id``, there are at least two hosts, and every
     host holds the same number of ranks (at least two).
     """
-    groups: dict[str, list[int]] = {}
-    for index, node_id in enumerate(ranks):
-        host = topology.node(node_id).host_id
-        if host is None:
-            return None
-        groups.setdefault(host, []).append(index)
-    sizes = {len(g) for g in groups.values()}
+    if any(topology.node(node_id).host_id is None for node_id in ranks):
+        return None
+    groups = topology.ranks_by_host(ranks)
+    sizes = {len(g) for g in groups}
     if len(groups) < 2 or len(sizes) != 1 or sizes.pop() < 2:
         return None
-    return list(groups.values())
+    return groups
 
 
 def _strip(node_id: str, host: str) -> str:

@@ -287,6 +287,24 @@ class Topology:
         unranked = [n for n in compute if n.rank is None]
         return tuple(n.id for n in ranked + unranked)
 
+    def ranks_by_host(self, ranks: Sequence[str]) -> list[list[int]]:
+        """Rank indices grouped by their node's ``host_id``, hosts in order of first appearance.
+
+        A rank whose node has no ``host_id`` is a group of its own.
+
+        Examples
+        --------
+        >>> from topocoll.topo.cluster import make_cluster
+        >>> two = make_cluster("dgx1-v100", 2)
+        >>> [len(group) for group in two.ranks_by_host(two.compute_nodes())]
+        [8, 8]
+        """
+        groups: dict[object, list[int]] = {}
+        for index, node_id in enumerate(ranks):
+            host = self.node(node_id).host_id
+            groups.setdefault(host if host is not None else ("", node_id), []).append(index)
+        return list(groups.values())
+
     def capacity(self, src: str, dst: str) -> float:
         """Bandwidth of the link ``src -> dst`` in bytes per second."""
         return self.link(src, dst).bw_bytes_per_s
