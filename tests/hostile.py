@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from topocoll.topo.nccl_xml import MAX_XML_ATTRIBUTE_CHARS, MAX_XML_DEPTH
+from topocoll.topo.safe_xml import MAX_XML_ATTRIBUTE_CHARS, MAX_XML_DEPTH
 
 DEEP_LEVELS = 5000
 """Nesting of the deep files: five times Python's default recursion limit."""

@@ -23,14 +23,9 @@ from tests.topo.fixtures import (
 )
 from topocoll.errors import FormatError, TopologyError
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
-from topocoll.topo.nccl_xml import (
-    MAX_XML_ATTRIBUTE_CHARS,
-    MAX_XML_DEPTH,
-    parse_link_speed,
-    parse_nccl_xml,
-    read_xml,
-    to_nccl_xml,
-)
+from topocoll.topo.nccl_xml import parse_link_speed, parse_nccl_xml
+from topocoll.topo.nccl_xml_export import to_nccl_xml
+from topocoll.topo.safe_xml import MAX_XML_ATTRIBUTE_CHARS, MAX_XML_DEPTH, read_xml
 
 PCIE_GEN3_X16 = 8e9 * 128 / 130 / 8 * 16  # PCI-SIG: 8 GT/s, 128b/130b, 16 lanes
 PCIE_GEN4_X16 = 2 * PCIE_GEN3_X16

@@ -25,7 +25,9 @@ from pathlib import Path
 from topocoll import fileio
 from topocoll.errors import FormatError, TopocollError
 from topocoll.topo.model import Topology
-from topocoll.topo.nccl_xml import parse_nccl_xml, root_tag, to_nccl_xml
+from topocoll.topo.nccl_xml import parse_nccl_xml
+from topocoll.topo.nccl_xml_export import to_nccl_xml
+from topocoll.topo.safe_xml import root_tag
 from topocoll.topo.nvidia_smi import parse_nvidia_smi
 from topocoll.topo.rocm_smi import parse_rocm_smi
 

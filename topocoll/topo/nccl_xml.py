@@ -1,4 +1,4 @@
-"""NCCL topology XML (``NCCL_TOPO_FILE`` / ``NCCL_TOPO_DUMP_FILE``): import and export.
+"""NCCL topology XML (``NCCL_TOPO_FILE`` / ``NCCL_TOPO_DUMP_FILE``): import.
 
 Import (:func:`parse_nccl_xml`) follows how NCCL itself reads the file (``src/graph/topo.cc``):
 
@@ -28,36 +28,21 @@ bus id; NICs (``nic<i>``, with ``net<i>`` beyond them) by bus id and port name; 
 carries its NUMA id. Everything the file does not say is recorded in :attr:`Topology.notes`,
 and a malformed attribute is a :class:`FormatError` naming the file and line.
 
-Export (:func:`to_nccl_xml`) writes a file NCCL can load. Bandwidths are written back as
-``link_speed``/``link_width`` and ``speed``; where those cannot express a figure exactly (and
-for NVLinks, whose per-link figure depends on a GPU model the topology does not keep) an extra
-``topocoll_bw_bytes_per_s`` attribute holds it, and ``topocoll_latency_s`` a latency that is
-not the default of its link kind; NCCL ignores attributes it does not know. ``sm`` and ``dev``
-are not written (NCCL fills them in from the GPUs it finds). The topology's name and notes
-travel as ``<!-- topocoll ... -->`` comments. So importing an exported file gives back the same
-topology: the same canonical JSON text, name and notes included. NCCL XML describes one
-machine: several hosts, host ranks, and xGMI, C2C or NVSwitch-to-NVSwitch links are refused.
+Export is :mod:`topocoll.topo.nccl_xml_export`; the safe reading of XML text is
+:mod:`topocoll.topo.safe_xml`.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from xml.etree import ElementTree
-from xml.etree.ElementTree import ParseError
-
-from defusedxml import DefusedXmlException, DTDForbidden
-from defusedxml.ElementTree import DefusedXMLParser
-
 from topocoll.errors import FormatError, TopologyError
 from topocoll.topo import bandwidth
-from topocoll.topo.model import Link, LinkKind, Node, NodeKind, Topology, TopologyBuilder, natural_key
+from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder, natural_key
+from topocoll.topo.safe_xml import XmlElement, read_xml
 
-log = logging.getLogger(__name__)
 
 #: Extra attribute carrying an exact bandwidth (bytes/s, summed over ``count``) NCCL ignores.
 BW_ATTR = "topocoll_bw_bytes_per_s"
@@ -72,165 +57,9 @@ BRIDGE_CLASS = "0x060400"
 HIDDEN_NVSWITCH_BUSID = "fffffff:ff:ff.0"
 #: First comment of files written by :func:`to_nccl_xml`: the name and notes that follow are the
 #: topology's own, so the importer adds none of its own.
-_MARK = "written by topocoll from a topocoll.topology/1 topology"
-_NAME_PREFIX = "topocoll name: "
-_NOTE_PREFIX = "topocoll note: "
-
-# ------------------------------------------------------------------------------- safe reading
-
-MAX_XML_DEPTH = 64
-"""Deepest element nesting read.
-
-The real files in ``tests/data/topologies`` nest at most 8 levels (``system``, ``cpu``, three
-``pci`` bridges, the GPU's own ``pci``, ``gpu``, ``nvlink``); every PCIe switch adds two
-``pci`` levels (upstream and downstream port), so 64 leaves room for about 28 switches in a
-chain, more than any server has. It also bounds the importer's walk of the ``pci`` tree, which
-recurses once per level, far inside Python's recursion limit (1000 by default)."""
-
-MAX_XML_ATTRIBUTE_CHARS = 4096
-"""Longest attribute value (and element or attribute name) read.
-
-NCCL keeps attribute values in 256-byte buffers (``MAX_STR_LEN`` 255 in its
-``src/graph/xml.h``), so a file NCCL reads or writes has none longer than 255 characters; the
-longest in ``tests/data/topologies`` has 53. 4096 leaves room for hand-edited files and for
-names that topocoll writes back (``<net name=...>``), and refuses a value that is only there
-to fill memory."""
-
-_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-
-
-@dataclass(slots=True)
-class XmlElement:
-    """One element: tag, attributes, child elements and the line it starts on."""
-
-    tag: str
-    attrs: dict[str, str]
-    line: int
-    children: list["XmlElement"] = field(default_factory=list)
-
-    def find_all(self, tag: str) -> list["XmlElement"]:
-        """Direct children named ``tag``, in document order."""
-        return [child for child in self.children if child.tag == tag]
-
-    def find(self, tag: str) -> "XmlElement | None":
-        """The first direct child named ``tag``, or None."""
-        found = self.find_all(tag)
-        return found[0] if found else None
-
-
-@dataclass(frozen=True, slots=True)
-class XmlDocument:
-    """A parsed document: the root element and the text of its comments, in order."""
-
-    root: XmlElement
-    comments: tuple[str, ...]
-
-
-class _Refused(Exception):
-    def __init__(self, line: int, reason: str) -> None:
-        super().__init__(line, reason)
-        self.line = line
-        self.reason = reason
-
-
-def _shown(text: str, limit: int = 40) -> str:
-    """``text`` cut to ``limit`` characters for an error message."""
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _blank_comments(text: str) -> str:
-    """``text`` with comments blanked out, newlines kept (offsets still map to lines)."""
-    return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
-
-
-class _TreeTarget:
-    """Builds :class:`XmlElement` trees with line numbers from the parser's events, refusing
-    nesting and names or values beyond the limits as soon as they appear."""
-
-    def __init__(self) -> None:
-        self.line_of = lambda: 0  # set to the parser's current line once it exists
-        self.stack: list[XmlElement] = []
-        self.roots: list[XmlElement] = []
-        self.comments: list[str] = []
-
-    def start(self, tag: str, attrs: dict[str, str]) -> None:
-        line = self.line_of()
-        if len(self.stack) >= MAX_XML_DEPTH:
-            raise _Refused(line, f"<{_shown(tag)}> is nested deeper than {MAX_XML_DEPTH} levels")
-        for piece in (tag, *attrs, *attrs.values()):
-            if len(piece) > MAX_XML_ATTRIBUTE_CHARS:
-                raise _Refused(
-                    line,
-                    f"<{_shown(tag)}>: a name or attribute value of {len(piece):,} characters "
-                    f"(at most {MAX_XML_ATTRIBUTE_CHARS:,}): {_shown(piece)!r}",
-                )
-        element = XmlElement(tag, dict(attrs), line)
-        (self.stack[-1].children if self.stack else self.roots).append(element)
-        self.stack.append(element)
-
-    def end(self, _tag: str) -> None:
-        self.stack.pop()
-
-    def comment(self, text: str) -> None:
-        self.comments.append(text)
-
-    def close(self) -> None:
-        return None
-
-
-def read_xml(text: str, source: str) -> XmlDocument:
-    """Parse ``text`` safely, keeping element line numbers and comments.
-
-    The parser is defusedxml's: a ``<!DOCTYPE`` (and so any entity declaration) or an external
-    reference is refused where the parser meets it, so nothing is expanded and nothing outside
-    the text is read. Elements nested deeper than :data:`MAX_XML_DEPTH` and attribute values
-    longer than :data:`MAX_XML_ATTRIBUTE_CHARS` are refused as soon as the parser meets them, so
-    the tree handed to the importer is bounded in depth.
-
-    Parameters
-    ----------
-    text : str
-        The document.
-    source : str
-        File name used in error messages.
-
-    Returns
-    -------
-    XmlDocument
-
-    Raises
-    ------
-    FormatError
-        ``"SOURCE: line L: ..."`` for malformed XML, declarations, nesting too deep and
-        attribute values too long.
-    """
-    target = _TreeTarget()
-    parser = DefusedXMLParser(target=target, forbid_dtd=True, forbid_entities=True, forbid_external=True)
-    target.line_of = lambda: parser.parser.CurrentLineNumber
-    try:
-        parser.feed(text)
-        parser.close()
-    except ParseError as exc:
-        line = exc.position[0]
-        raise FormatError(f"{source}: line {line}: malformed XML: {str(exc).split(':', 1)[0]}") from None
-    except DTDForbidden:
-        raise FormatError(
-            f"{source}: line {target.line_of()}: <!DOCTYPE ...> declarations are refused (no entity expansion, no external entities)"
-        ) from None
-    except DefusedXmlException as exc:  # entity declarations and external references
-        raise FormatError(f"{source}: line {target.line_of()}: refused: {exc}") from None
-    except _Refused as exc:
-        raise FormatError(f"{source}: line {exc.line}: {exc.reason}") from None
-    if not target.roots:
-        raise FormatError(f"{source}: line 1: malformed XML: no element found")
-    return XmlDocument(target.roots[0], tuple(target.comments))
-
-
-def root_tag(text: str) -> str | None:
-    """Name of the first element of ``text``, found without parsing (for format sniffing)."""
-    match = re.search(r"<(?![!?/])\s*([A-Za-z_][\w.-]*)", _blank_comments(text))
-    return match.group(1) if match else None
-
+MARK = "written by topocoll from a topocoll.topology/1 topology"
+NAME_PREFIX = "topocoll name: "
+NOTE_PREFIX = "topocoll note: "
 
 # ------------------------------------------------------------------------------ attribute helpers
 
@@ -295,13 +124,13 @@ def parse_link_speed(text: str | None) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _encode_comment(text: str) -> str:
-    """Make ``text`` safe inside ``<!-- -->`` (reversibly: see :func:`_decode_comment`)."""
+def encode_comment(text: str) -> str:
+    """Make ``text`` safe inside ``<!-- -->`` (reversibly: see :func:`decode_comment`)."""
     text = text.replace("&", "&amp;").replace("--", "-&#45;")
     return text[:-1] + "&#45;" if text.endswith("-") else text
 
 
-def _decode_comment(text: str) -> str:
+def decode_comment(text: str) -> str:
     return text.replace("&#45;", "-").replace("&amp;", "&")
 
 
@@ -547,12 +376,12 @@ def _carried(comments: Iterable[str]) -> _Carried:
     ours, name, notes = False, "", []
     for comment in comments:
         text = comment.strip()
-        if text == _MARK:
+        if text == MARK:
             ours = True
-        elif text.startswith(_NAME_PREFIX):
-            name = _decode_comment(text[len(_NAME_PREFIX):])
-        elif text.startswith(_NOTE_PREFIX):
-            notes.append(_decode_comment(text[len(_NOTE_PREFIX):]))
+        elif text.startswith(NAME_PREFIX):
+            name = decode_comment(text[len(NAME_PREFIX):])
+        elif text.startswith(NOTE_PREFIX):
+            notes.append(decode_comment(text[len(NOTE_PREFIX):]))
     return _Carried(ours, name, tuple(notes))
 
 
@@ -728,297 +557,3 @@ def _add_nvlinks(importer, builder, gpu_by_busid, nvswitch_ids, hidden_id) -> No
                 importer.problem("unknowntarget", target)
     for (a, b), (bw, count, latency) in directed.items():
         builder.add_link(a, b, LinkKind.NVLINK, bw, latency, count, duplex=(b, a) not in directed)
-
-
-# ------------------------------------------------------------------------------------- export
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(float(value))
-
-
-def _set_latency(element: ElementTree.Element, link: Link) -> None:
-    if link.latency_s != bandwidth.latency_s(link.kind):
-        element.set(LATENCY_ATTR, repr(float(link.latency_s)))
-
-
-def _set_pcie(element: ElementTree.Element, link: Link | None) -> None:
-    """Write ``link_speed``/``link_width`` for the link to the parent (exact figures when needed)."""
-    bw = link.bw_bytes_per_s if link is not None else None
-    pair = bandwidth.pcie_link_for_bw(bw) if bw is not None else None
-    generation, width = pair or (bandwidth.PCIE_DEFAULT_GENERATION, bandwidth.PCIE_DEFAULT_WIDTH)
-    element.set("link_speed", f"{bandwidth.PCIE_RATE_GT_PER_S[generation]:.1f} GT/s PCIe")
-    element.set("link_width", str(width))
-    if pair is None and bw is not None:
-        element.set(BW_ATTR, repr(float(bw)))
-    if link is not None:
-        _set_latency(element, link)
-
-
-#: The names NCCL XML writes as ``<cpu vendor=...>`` (``/proc/cpuinfo`` vendor ids).
-_CPU_VENDORS = ("GenuineIntel", "AuthenticAMD", "CentaurHauls", "Shanghai")
-_CPU_NAME = re.compile(
-    r"(?:(?P<vendor>%s)\b ?)?(?P<arch>x86_64|arm64|aarch64|ppc64le|ppc64)?(?: ?family (?P<familyid>\d+))?"
-    r"(?: ?model (?P<modelid>\d+))?" % "|".join(_CPU_VENDORS)
-)
-
-
-def _cpu_attrs(node: Node, index: int) -> dict[str, str]:
-    """``<cpu>`` attributes: ``numaid``, and those recovered from a name made by :func:`_cpu_name`."""
-    attrs = {"numaid": str(node.numa if node.numa is not None else index)}
-    match = _CPU_NAME.fullmatch(node.name or "")
-    if match:
-        attrs.update((key, value) for key, value in match.groupdict().items() if value)
-        attrs = {key: attrs[key] for key in ("numaid", "arch", "vendor", "familyid", "modelid") if key in attrs}
-    return attrs
-
-
-def _set_smp(element: ElementTree.Element, topology: Topology, cpu_id: str) -> None:
-    """Write the CPU's inter-socket figure when its vendor and model would not give it back."""
-    figures = [
-        topology.capacity(cpu_id, other)
-        for other in topology.graph.successors(cpu_id)
-        if topology.link(cpu_id, other).kind is LinkKind.SMP
-    ]
-    if not figures:
-        return
-    attrs = element.attrib
-    implied = bandwidth.smp_bw_for_cpu(
-        attrs.get("vendor"),
-        int(attrs["familyid"]) if "familyid" in attrs else None,
-        int(attrs["modelid"]) if "modelid" in attrs else None,
-        attrs.get("arch"),
-    )
-    if implied != max(figures):
-        element.set(BW_ATTR, repr(float(max(figures))))
-
-
-def _check_exportable(topology: Topology) -> None:
-    hosts = {n.host_id for n in topology.nodes if n.host_id is not None}
-    if len(hosts) > 1:
-        raise FormatError(
-            f"topology {topology.name or '(unnamed)'} spans {len(hosts)} hosts; NCCL XML describes one machine"
-        )
-    for node in topology.nodes:
-        if node.kind is NodeKind.HOST:
-            raise FormatError(f"node {node.id} is a host (CPU rank) node, which NCCL XML cannot describe")
-    allowed = {
-        LinkKind.PCIE: None,
-        LinkKind.SMP: {(NodeKind.CPU, NodeKind.CPU)},
-        LinkKind.NVLINK: {(NodeKind.GPU, NodeKind.GPU), (NodeKind.GPU, NodeKind.NVSWITCH), (NodeKind.NVSWITCH, NodeKind.GPU)},
-        LinkKind.NET: {(NodeKind.NIC, NodeKind.NET_SWITCH), (NodeKind.NET_SWITCH, NodeKind.NIC)},
-    }
-    for link in topology.links:
-        kinds = (topology.node(link.src).kind, topology.node(link.dst).kind)
-        if link.kind not in allowed:
-            raise FormatError(f"link {link.src}->{link.dst} is {link.kind.value}, which NCCL XML cannot describe")
-        pairs = allowed[link.kind]
-        if pairs is not None and kinds not in pairs:
-            raise FormatError(
-                f"link {link.src}->{link.dst}: NCCL XML cannot describe {link.kind.value} links between "
-                f"{kinds[0].value} and {kinds[1].value} nodes"
-            )
-        if link.kind is LinkKind.PCIE and NodeKind.NET_SWITCH in kinds:
-            raise FormatError(f"link {link.src}->{link.dst}: PCIe to a net_switch cannot be written to NCCL XML")
-
-
-def _pcie_tree(topology: Topology, roots: list[str]) -> dict[str, str]:
-    """Parent of every node reachable from the CPUs over PCIe links (breadth first)."""
-    parent: dict[str, str] = {}
-    placed = set(roots)
-    queue = deque(roots)
-    while queue:
-        here = queue.popleft()
-        for other in sorted(topology.graph.successors(here), key=natural_key):
-            if topology.link(here, other).kind is not LinkKind.PCIE:
-                continue
-            if other in placed:
-                if parent.get(here) != other and parent.get(other) != here:
-                    raise FormatError(
-                        f"PCIe links {here}-{other} close a loop; NCCL XML needs the PCIe links to form a tree"
-                    )
-                continue
-            placed.add(other)
-            parent[other] = here
-            queue.append(other)
-    return parent
-
-
-def to_nccl_xml(topology: Topology) -> str:
-    """Write ``topology`` as NCCL topology XML (loadable with ``NCCL_TOPO_FILE``).
-
-    Parameters
-    ----------
-    topology : Topology
-        One machine: cpu, pcie_switch, gpu, nic, nvswitch nodes; pcie, nvlink, smp and net
-        links. A topology imported from NCCL XML exports to a file that imports back to the
-        same topology (same JSON text).
-
-    Returns
-    -------
-    str
-        The XML text.
-
-    Raises
-    ------
-    FormatError
-        The topology holds what NCCL XML cannot say (several hosts, host ranks, xGMI/C2C/shm
-        links, PCIe links that do not form a tree).
-    """
-    _check_exportable(topology)
-    cpus = [n.id for n in topology.nodes_of(NodeKind.CPU)]
-    system = ElementTree.Element("system", version="1")
-    synthetic_cpu = None
-    if not cpus:
-        synthetic_cpu = ElementTree.SubElement(system, "cpu", numaid="0")
-    parent = _pcie_tree(topology, cpus)
-    children: dict[str, list[str]] = {}
-    for child, up in parent.items():
-        children.setdefault(up, []).append(child)
-    orphans = [
-        n.id
-        for n in topology.nodes
-        if n.kind in (NodeKind.GPU, NodeKind.NIC, NodeKind.PCIE_SWITCH) and n.id not in parent
-    ]
-    if orphans:
-        log.warning("no PCIe path to a CPU for %s; written under the first CPU", ", ".join(orphans))
-    nic_order = {
-        n.id: i
-        for i, n in enumerate(sorted(topology.nodes_of(NodeKind.NIC), key=lambda n: natural_key(n.id)))
-    }
-    writer = _Writer(topology, children, parent, nic_order)
-    for index, cpu_id in enumerate(cpus):
-        element = ElementTree.SubElement(system, "cpu", _cpu_attrs(topology.node(cpu_id), index))
-        _set_smp(element, topology, cpu_id)
-        writer.children_of(element, cpu_id)
-        if cpu_id == cpus[0]:
-            for orphan in orphans:
-                writer.device(element, orphan)
-    if synthetic_cpu is not None:
-        for orphan in orphans:
-            writer.device(synthetic_cpu, orphan)
-    ElementTree.indent(system, space="  ")
-    head = [f"<!-- {_MARK} -->"]
-    if topology.name:
-        head.append(f"<!-- {_NAME_PREFIX}{_encode_comment(topology.name)} -->")
-    head += [f"<!-- {_NOTE_PREFIX}{_encode_comment(note)} -->" for note in topology.notes]
-    body = ElementTree.tostring(system, encoding="unicode").replace(" />", "/>")  # NCCL's own spelling
-    return "\n".join(head + [body]) + "\n"
-
-
-class _Writer:
-    """Writes nodes as ``<pci>`` elements under their PCIe parent."""
-
-    def __init__(self, topology: Topology, children, parent, nic_order) -> None:
-        self.topology = topology
-        self.children = children
-        self.parent = parent
-        self.nic_order = nic_order
-        # Nodes without a bus id get made-up ones in domain fffe, increasing with the node id,
-        # so that the importer (which orders nodes by bus id) gives them back their ids.
-        kinds = (NodeKind.GPU, NodeKind.NIC, NodeKind.PCIE_SWITCH, NodeKind.NVSWITCH)
-        anonymous = [n.id for n in topology.nodes if n.kind in kinds and not n.busid]
-        self.synthetic = {
-            node_id: f"fffe:{count // 256:02x}:{count % 256:02x}.0" for count, node_id in enumerate(anonymous, start=1)
-        }
-
-    def busid(self, node: Node) -> str:
-        """The node's bus id, or the made-up one."""
-        return node.busid or self.synthetic[node.id]
-
-    def switch_busid(self, node: Node) -> str:
-        """An NVSwitch's bus id; a single switch without one is the hidden switch of VMs."""
-        hidden = [n for n in self.topology.nodes_of(NodeKind.NVSWITCH) if not n.busid]
-        return HIDDEN_NVSWITCH_BUSID if hidden == [node] else self.busid(node)
-
-    def up_link(self, node_id: str) -> Link | None:
-        up = self.parent.get(node_id)
-        return self.topology.link(node_id, up) if up is not None else None
-
-    def children_of(self, element: ElementTree.Element, node_id: str) -> None:
-        kids = sorted(self.children.get(node_id, []), key=natural_key)
-        sockets = [k for k in kids if self.topology.node(k).kind is NodeKind.NIC and not self.topology.node(k).busid]
-        for kid in kids:
-            if kid not in sockets:
-                self.device(element, kid)
-        if sockets and self.topology.node(node_id).kind is NodeKind.CPU:
-            nic = ElementTree.SubElement(element, "nic")
-            for kid in sockets:
-                self.net(nic, self.topology.node(kid), port=0)
-        elif sockets:
-            for kid in sockets:
-                self.device(element, kid)
-
-    def device(self, element: ElementTree.Element, node_id: str) -> None:
-        node = self.topology.node(node_id)
-        pci = ElementTree.SubElement(element, "pci", busid=self.busid(node))
-        if node.kind is NodeKind.GPU:
-            pci.set("class", GPU_CLASS)
-            _set_pcie(pci, self.up_link(node_id))
-            self.gpu(pci, node)
-        elif node.kind is NodeKind.NIC:
-            pci.set("class", NIC_CLASS)
-            _set_pcie(pci, self.up_link(node_id))
-            if self.net_bw(node) is not None or node.name:
-                self.net(ElementTree.SubElement(pci, "nic"), node, port=1)
-        elif node.kind is NodeKind.NVSWITCH:
-            pci.set("class", NVSWITCH_CLASS)
-            _set_pcie(pci, self.up_link(node_id))
-        else:
-            kids = sorted(self.children.get(node_id, []), key=natural_key)
-            ports = [self.topology.node(k) for k in kids]
-            if len(ports) > 1 and all(p.kind is NodeKind.NIC and p.busid == node.busid for p in ports):
-                pci.set("class", NIC_CLASS)
-                _set_pcie(pci, self.up_link(node_id))
-                nic = ElementTree.SubElement(pci, "nic")
-                for port, kid in enumerate(ports, start=1):
-                    self.net(nic, kid, port)
-                return
-            pci.set("class", BRIDGE_CLASS)
-            _set_pcie(pci, self.up_link(node_id))
-            self.children_of(pci, node_id)
-
-    def gpu(self, pci: ElementTree.Element, node: Node) -> None:
-        links = [
-            self.topology.link(node.id, other)
-            for other in sorted(self.topology.graph.successors(node.id), key=natural_key)
-            if self.topology.link(node.id, other).kind is LinkKind.NVLINK
-        ]
-        if node.rank is None and not links:
-            return
-        gpu = ElementTree.SubElement(pci, "gpu")
-        if node.rank is not None:
-            gpu.set("rank", str(node.rank))
-        for link in links:
-            target = self.topology.node(link.dst)
-            if target.kind is NodeKind.NVSWITCH:
-                busid, tclass = self.switch_busid(target), NVSWITCH_CLASS
-            else:
-                busid, tclass = self.busid(target), GPU_CLASS
-            attrs = {"target": busid, "count": str(link.count), "tclass": tclass, BW_ATTR: repr(float(link.bw_bytes_per_s))}
-            _set_latency(ElementTree.SubElement(gpu, "nvlink", attrs), link)
-
-    def net_links(self, node: Node) -> list[Link]:
-        return [
-            self.topology.link(node.id, other)
-            for other in self.topology.graph.successors(node.id)
-            if self.topology.link(node.id, other).kind is LinkKind.NET
-        ]
-
-    def net_bw(self, node: Node) -> float | None:
-        links = self.net_links(node)
-        return sum(link.bw_bytes_per_s for link in links) if links else None
-
-    def net(self, nic: ElementTree.Element, node: Node, port: int) -> None:
-        bw = self.net_bw(node)
-        net = ElementTree.SubElement(nic, "net", name=node.name or node.id, dev=str(self.nic_order[node.id]))
-        if bw is not None:
-            speed = bw * 8 / 1e6
-            net.set("speed", _number(speed))
-            if bandwidth.net_bw_bytes_per_s(float(net.get("speed")) * 1e6) != bw:
-                net.set(BW_ATTR, repr(float(bw)))
-        net.set("port", str(port))
-        net.set("latency", "0")
-        links = self.net_links(node)
-        if links:
-            _set_latency(net, links[0])
