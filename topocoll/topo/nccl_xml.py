@@ -38,11 +38,11 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
 from topocoll.errors import FormatError, TopologyError
 from topocoll.topo import bandwidth
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder, natural_key
 from topocoll.topo.safe_xml import XmlElement, read_xml
-
 
 #: Extra attribute carrying an exact bandwidth (bytes/s, summed over ``count``) NCCL ignores.
 BW_ATTR = "topocoll_bw_bytes_per_s"
