@@ -6,6 +6,7 @@ Bandwidths are illustrative: NVLink 4 and PCIe Gen4 x16 per the figures of
 
 from __future__ import annotations
 
+from topocoll.solver.schedule import Collective
 from topocoll.topo.bandwidth import LATENCY_S, nvlink_bw_bytes_per_s, pcie_bw_bytes_per_s
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
 
@@ -159,3 +160,20 @@ def random_topology(draw, min_gpus: int = 2, max_gpus: int = 5, max_switches: in
             b.add_link(a, c, kind, forward, LATENCY_S[kind], duplex=False)
             b.add_link(c, a, kind, draw(bw), LATENCY_S[kind], duplex=False)
     return b.build()
+
+
+#: Column generation stops within 0.1 % of the bound (SynthesisOptions.gap); the goal is 99.5 %.
+MIN_RATIO = 0.995
+#: A schedule can never beat the bound; this covers float rounding only.
+NEVER_BELOW = 1 + 1e-6
+#: The collectives whose cut bound is exact (allreduce's is a reference, see DESIGN's measures).
+BOUNDED = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST, Collective.REDUCE)
+
+
+def ratio_to_bound(topo: Topology, synthesis) -> float:
+    """``bound / T_bw`` of a synthesis, its schedule verified first (the verifier measures T_bw)."""
+    from topocoll.solver.verify import verify
+
+    checked = verify(synthesis.schedule, topo)
+    assert checked.ok, checked.errors[:3]
+    return synthesis.bound.time_per_byte_s / checked.t_bw_s_per_byte

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from topocoll.errors import SolverError
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.request import check_request
-from topocoll.solver.hierarchy import host_groups, pack_hierarchical
+from topocoll.solver.rail_packing import host_groups, pack_by_rails
 from topocoll.solver.packing import Packing, Tree, pack_trees
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.topo.model import Topology
@@ -53,7 +53,7 @@ class SynthesisOptions:
         Cap on trees kept per root (fewer chunks; the rounding loss shows in the ratio).
     flat_max_ranks : int
         Above this many ranks on a regular multi-host set, pack hierarchically
-        (:mod:`topocoll.solver.hierarchy`): flat column generation over 64 ranks takes about a
+        (:mod:`topocoll.solver.rail_packing`): flat column generation over 64 ranks takes about a
         minute on two cores, the hierarchical one seconds.
     """
 
@@ -103,7 +103,7 @@ def pack_for(
 
     def pack(reverse: bool) -> Packing:
         if groups is not None:
-            return pack_hierarchical(
+            return pack_by_rails(
                 topology, ranks, groups, reverse=reverse, solver=options.solver, time_limit_s=options.time_limit_s, gap=options.gap
             )
         return pack_trees(topology, ranks, roots, reverse=reverse, seed_orders=[list(range(n))], **kwargs)

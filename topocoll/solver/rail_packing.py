@@ -1,4 +1,4 @@
-"""Hierarchical tree packing for multi-node clusters: rails between hosts, trees inside hosts.
+"""Tree packing for clusters of identical hosts by rails: rail chains between hosts, trees inside hosts.
 
 Packing trees over all ranks at once grows quickly with the rank count. On a cluster of
 identical hosts the optimum has a simple shape when the network is the bottleneck: rank ``i``
@@ -77,7 +77,7 @@ def _rename(tree: Tree, old: str, new: str) -> Tree:
     return replace(tree, arcs=tuple((p, c, tuple(move(x) for x in path)) for p, c, path in tree.arcs))
 
 
-def pack_hierarchical(
+def pack_by_rails(
     topology: Topology,
     ranks: Sequence[str],
     groups: list[list[int]],
