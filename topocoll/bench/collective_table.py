@@ -6,7 +6,7 @@ collectives with torch. This module does not import torch, so that ``topocoll si
 predicts the benchmark's table for machines one does not have) runs without it.
 
 The metric definitions themselves (``algbw``, ``busbw``, the bus-bandwidth factor) live in
-:mod:`topocoll.solver.cost`, the one place both the simulator and the benchmark read them from.
+:mod:`topocoll.solver.metrics`, the one place both the simulator and the benchmark read them from.
 
 Sizes follow nccl-tests: S is the buffer each rank passes for allreduce, broadcast and reduce,
 the **total output** for allgather and the **total input** for reduce-scatter; the element
@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass
 
 from topocoll.errors import TopocollError, UsageError
-from topocoll.solver import cost
+from topocoll.solver import metrics
 from topocoll.solver.schedule import Collective
 
 __all__ = [
@@ -174,8 +174,8 @@ class CollectiveSpec:
     in_place: bool
 
     def bus_factor(self, world_size: int) -> float:
-        """nccl-tests' busbw / algbw factor (defined once, in :func:`topocoll.solver.cost.bus_factor`)."""
-        return cost.bus_factor(self.collective, world_size)
+        """nccl-tests' busbw / algbw factor (defined once, in :func:`topocoll.solver.metrics.bus_factor`)."""
+        return metrics.bus_factor(self.collective, world_size)
 
     def counts(self, size_bytes: int, itemsize: int, world_size: int) -> Counts:
         """Element counts for nccl-tests size ``size_bytes`` (see the module docstring)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topocoll.fileio import write_atomic
-from topocoll.solver.cost import bus_factor
+from topocoll.solver.metrics import bus_factor
 from topocoll.solver.schedule import Collective
 from topocoll.units import GB
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from topocoll.bench import operations
 from topocoll.bench.collective_table import CollectiveSpec, RedOp
 from topocoll.bench.report import Measurement, Row
-from topocoll.solver.cost import algbw_bytes_per_s
+from topocoll.solver.metrics import algbw_bytes_per_s
 
 __all__ = ["TimeAggregation", "SweepSettings", "Series", "measure_size", "warm_up", "combine_time_s", "sum_over_ranks"]
 

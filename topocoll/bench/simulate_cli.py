@@ -156,7 +156,7 @@ def simulate_report(
     from topocoll.bench.report import Measurement, Report, Row
     from topocoll.solver.baselines import BASELINES
     from topocoll.solver.bound import cut_bound
-    from topocoll.solver.cost import simulate
+    from topocoll.solver.alpha_beta import simulate
     from topocoll.solver.planner import choose, max_network_flows_per_link
     from topocoll.solver.request import check_request
 

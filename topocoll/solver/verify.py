@@ -39,7 +39,7 @@ receiver's along links of the topology without visiting a node twice.
 Measures: ``link_load[e]`` is the sum of the chunk fractions routed over link e over the whole
 schedule, and ``T_bw = S × max_e link_load[e] / bw(e)`` is the time of an ideally pipelined
 run for buffer size S (the design's "bandwidth time"). The α-β time comes from
-:mod:`topocoll.solver.cost`.
+:mod:`topocoll.solver.alpha_beta`.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from topocoll.errors import ScheduleError
-from topocoll.solver.cost import alpha_beta_time_s as _alpha_beta_time_s
-from topocoll.solver.cost import resolve_path
+from topocoll.solver.alpha_beta import alpha_beta_time_s as _alpha_beta_time_s
+from topocoll.solver.alpha_beta import resolve_path
 from topocoll.solver.schedule import Collective, Op, Schedule
 from topocoll.topo.model import Topology
 
