@@ -25,19 +25,24 @@ the group bound to rail r's NICs. A peer that dies or stops answering makes ever
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from topocoll.collectives.failure import first_line
-from topocoll.errors import CollectiveError
+from topocoll.errors import CollectiveError, TopocollError
 from topocoll.topo.calibrate import Calibration, Experiment, Measurement, calibrate, plan_experiments, probe_ranks
+from topocoll.topo.io import dumps_topology, load_topology
 from topocoll.topo.model import Topology
 from topocoll.topo.rails import Rails
 
@@ -243,3 +248,33 @@ def run_probe(
             (*result.notes, *notes),
         )
     return result
+
+
+# ------------------------------------------------------------------------------ the cache
+def probe_cache_path(cache_dir: str | None, topology: Topology, nodes: Sequence[str]) -> Path | None:
+    """Where the calibration of ``topology`` with ranks on ``nodes`` is cached (None: no cache)."""
+    if cache_dir is not None and cache_dir.strip().lower() == "off":
+        return None
+    root = Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "topocoll" / "probe"
+    placement = hashlib.sha256(json.dumps(list(nodes)).encode()).hexdigest()[:12]
+    return root / f"{topology.digest().split(':')[-1][:24]}-{placement}.json"
+
+
+def read_cached(path: Path) -> Topology | None:
+    try:
+        return load_topology(path)
+    except FileNotFoundError:
+        return None
+    except (TopocollError, OSError) as exc:  # a damaged cache entry is measured again
+        logger.warning("rank 0: ignoring the probe cache %s: %s", path, exc)
+        return None
+
+
+def write_cached(path: Path, topology: Topology) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(dumps_topology(topology, "json"))
+        temporary.replace(path)  # whole or not at all
+    except OSError as exc:
+        logger.warning("rank 0: cannot write the probe cache %s: %s", path, exc)
