@@ -80,7 +80,7 @@ def _rank_main(
     import torch.distributed as dist
 
     from topocoll.collectives import TopoOptions
-    from topocoll.collectives.plans import size_bucket
+    from topocoll.collectives.schedule_source import size_bucket
     from topocoll.solver.schedule import Collective
 
     torch.set_num_threads(1)

@@ -37,7 +37,7 @@ import topocoll  # noqa: F401  (registers "topo")
 from topocoll.collectives import executor as executor_module
 from topocoll.collectives import shm as shm_module
 from topocoll.collectives.backend import TOPOLOGY_ENV, TopoOptions
-from topocoll.collectives.plans import default_planner
+from topocoll.collectives.schedule_source import default_planner
 from topocoll.solver.schedule import Op, Schedule, Transfer
 from topocoll.topo.discover import flat_topology
 

@@ -10,7 +10,7 @@ import pytest
 from tests.collectives.harness import launch
 from tests.collectives.placement_worker import placement_worker
 from topocoll.cli import main
-from topocoll.collectives.plans import STEP_OVERHEAD_S
+from topocoll.collectives.schedule_source import STEP_OVERHEAD_S
 from topocoll.topo.io import load_topology
 
 WORLD = 4

@@ -434,7 +434,7 @@ def _named_planner(name: str):
 
 
 def _schedule_planner(schedule: Any):
-    from topocoll.collectives.plans import default_planner
+    from topocoll.collectives.schedule_source import default_planner
 
     def planner(topology, collective, ranks, root, size_bytes):
         if collective is schedule.collective and tuple(ranks) == schedule.ranks and (not collective.is_rooted or root == schedule.root):

@@ -8,7 +8,7 @@ restart count) and makes a :class:`~topocoll.collectives.process_group.TopoProce
 :class:`TopoOptions` given as ``pg_options``.
 
 Every schedule is verified symbolically before it runs, whoever made it
-(:mod:`topocoll.collectives.plans`). A peer that dies, hangs or arrives after the timeout makes
+(:mod:`topocoll.collectives.schedule_source`). A peer that dies, hangs or arrives after the timeout makes
 the waiting ranks raise within the process-group timeout, naming that peer; the group is then
 broken (:mod:`topocoll.collectives.header`), and every later call raises at once. Recover as
 with c10d's own backends: ``dist.destroy_process_group()`` and a new ``init_process_group``.
@@ -23,7 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from topocoll.collectives.debug import DEBUG_ENV, configure_logging
-from topocoll.collectives.plans import DEFAULT_SEGMENT_BYTES, Planner
+from topocoll.collectives.schedule_source import DEFAULT_SEGMENT_BYTES, Planner
 from topocoll.collectives.process_group import BACKEND_NAME, TopoProcessGroup
 from topocoll.collectives.topology_source import TOPOLOGY_ENV, TopologySettings
 from topocoll.errors import CollectiveError

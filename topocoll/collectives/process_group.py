@@ -2,7 +2,7 @@
 
 Its allreduce, reduce-scatter, allgather, broadcast and reduce run topocoll schedules: rank 0
 synthesizes a schedule for the group's topology, shares it through the store, every rank
-verifies and lowers it (:mod:`topocoll.collectives.plans`), and the executor moves the data
+verifies and lowers it (:mod:`topocoll.collectives.schedule_source`), and the executor moves the data
 with point-to-point messages of an inner backend (gloo for CPU tensors, NCCL for CUDA tensors);
 between CPU ranks of one host the data itself goes through shared memory
 (:mod:`topocoll.collectives.shm`). What it hands to the inner backend as it is lives in
@@ -50,7 +50,7 @@ from topocoll.collectives.header import (
 from topocoll.collectives.passthrough import InnerBackendCalls
 from topocoll.collectives.placement import exchange_identities, local_identity
 from topocoll.collectives.probe import ProbeSettings, probe_cache_path, read_cached, run_probe, write_cached
-from topocoll.collectives.plans import (
+from topocoll.collectives.schedule_source import (
     DEFAULT_SEGMENT_BYTES,
     Planner,
     ScheduleSource,

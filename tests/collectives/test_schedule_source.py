@@ -17,7 +17,7 @@ import torch.distributed as dist
 from tests.collectives.handmade import hand_planner, ring
 from topocoll.collectives import BACKEND_NAME, TopoProcessGroup, TopoWork, register
 from topocoll.collectives.failure import AgreedError
-from topocoll.collectives.plans import ScheduleSource, announce_topology_error, check_digests, size_bucket
+from topocoll.collectives.schedule_source import ScheduleSource, announce_topology_error, check_digests, size_bucket
 from topocoll.errors import CollectiveError, SolverError
 from topocoll.solver.schedule import Collective
 from topocoll.topo.discover import flat_topology
