@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from topocoll.bench import network_plan as npl
 from topocoll.bench import scenario as sc
 from topocoll.cli import main
 from topocoll.errors import ScenarioError, TopocollError
@@ -174,7 +175,7 @@ def _ring_neighbours(data):
 
 def test_asym_ring_routes_go_around_the_slow_link():
     data = raw("asym-ring")
-    plan = sc.network_plan(sc.load_scenario("asym-ring"), "ab12")
+    plan = npl.network_plan(sc.load_scenario("asym-ring"), "ab12")
     neighbours = _ring_neighbours(data)
     hosts = data["hosts"]
     for src in hosts:
@@ -205,19 +206,19 @@ def test_asym_ring_routes_go_around_the_slow_link():
 
 def test_addresses_are_one_subnet_per_domain_and_index_plus_one():
     data = raw("multi-rail")
-    plan = sc.network_plan(sc.load_scenario("multi-rail"), "cafe")
+    plan = npl.network_plan(sc.load_scenario("multi-rail"), "cafe")
     assert plan.subnets == ("10.77.0.0/24", "10.77.1.0/24")
     for index, host in enumerate(data["hosts"]):
         assert [n.address for n in plan.nics_of(host)] == [f"10.77.0.{index + 1}", f"10.77.1.{index + 1}"]
     assert plan.routes == ()  # every pair shares a rail
-    other = sc.network_plan(sc.load_scenario("multi-rail"), "cafe", subnet_base="172.30.0.0/16")
+    other = npl.network_plan(sc.load_scenario("multi-rail"), "cafe", subnet_base="172.30.0.0/16")
     assert other.address("h2", "eth1") == "172.30.1.3"
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_interface_names_fit_and_are_unique_per_run(name):
     scenario = sc.load_scenario(name)
-    plans = [sc.network_plan(scenario, rid) for rid in ("a1b2c3", "a1b2c4", "ffff")]
+    plans = [npl.network_plan(scenario, rid) for rid in ("a1b2c3", "a1b2c4", "ffff")]
     for plan in plans:
         fabric = plan.fabric_interfaces()
         assert len(set(fabric)) == len(fabric)
@@ -232,23 +233,23 @@ def test_interface_names_fit_and_are_unique_per_run(name):
 
 def test_every_link_is_shaped_at_both_ends():
     data = raw("two-racks")
-    plan = sc.network_plan(sc.load_scenario("two-racks"), "beef")
+    plan = npl.network_plan(sc.load_scenario("two-racks"), "beef")
     tbf = [c for c in plan.setup_commands() if c[0] == "tc" and "tbf" in c]
     assert len(tbf) == 2 * len(data["links"])
     rates = sorted(c[c.index("rate") + 1] for c in tbf)
     assert rates == sorted(f"{int(l['rate_mbit'] * 1e6)}bit" for l in data["links"] for _ in (0, 1))
     netem = [c for c in plan.setup_commands() if "netem" in c]
     assert len(netem) == 2 * sum(1 for l in data["links"] if l.get("delay_ms", 0) > 0)
-    rates_only = sc.network_plan(sc.load_scenario("two-racks"), "beef", apply_delays=False)
+    rates_only = npl.network_plan(sc.load_scenario("two-racks"), "beef", apply_delays=False)
     assert not [c for c in rates_only.setup_commands() if "netem" in c]
 
 
 def test_bad_run_id_and_subnet_are_refused():
     scenario = sc.load_scenario("uniform")
     with pytest.raises(ScenarioError, match="run id"):
-        sc.network_plan(scenario, "XYZ")
+        npl.network_plan(scenario, "XYZ")
     with pytest.raises(ScenarioError, match="/16"):
-        sc.network_plan(scenario, "abcd", subnet_base="10.77.0.0/24")
+        npl.network_plan(scenario, "abcd", subnet_base="10.77.0.0/24")
 
 
 # ----------------------------------------------------------------- real emulated hosts

@@ -45,7 +45,8 @@ from typing import IO, Any
 
 import topocoll
 from topocoll import fileio
-from topocoll.bench.scenario import DEFAULT_SUBNET_BASE, NetworkPlan, Scenario, check_ranks, network_plan, scenario_topology
+from topocoll.bench.network_plan import DEFAULT_SUBNET_BASE, NetworkPlan, network_plan
+from topocoll.bench.scenario import Scenario, check_ranks, scenario_topology
 from topocoll.errors import EmulateError
 from topocoll.topo.io import save_topology
 

@@ -26,7 +26,8 @@ from topocoll.bench.emulate import (
     preflight,
     teardown_state,
 )
-from topocoll.bench.scenario import DEFAULT_SUBNET_BASE, check_ranks, describe, load_scenario, scenario_topology, shipped_scenarios
+from topocoll.bench.network_plan import DEFAULT_SUBNET_BASE
+from topocoll.bench.scenario import check_ranks, describe, load_scenario, scenario_topology, shipped_scenarios
 from topocoll.errors import EmulateError, UsageError
 from topocoll.topo.io import save_topology
 
