@@ -1,5 +1,5 @@
 """What a topo group hands to its inner backend as it is: point-to-point messages, gather,
-scatter, all-to-all and gloo's monitored barrier (:class:`InnerBackendCalls`, a part of
+scatter, all-to-all, the barrier and gloo's monitored barrier (:class:`InnerBackendCalls`, a part of
 :class:`~topocoll.collectives.process_group.TopoProcessGroup`)."""
 
 from __future__ import annotations
@@ -19,6 +19,24 @@ class InnerBackendCalls:
     """The operations a topo group delegates, explicitly, to the inner backend of the tensors'
     device (``_other``): torch calls every one of them on the group, and a method torch finds
     missing fails with "No backend type associated" instead of reaching the inner group."""
+
+    # ------------------------------------------------------------------ handed to the inner backend
+    def barrier(self, opts: Any = None) -> Any:
+        """Barrier of the inner backend, after every earlier collective of this rank completed.
+
+        CPU collectives complete before they return; CUDA ones are only enqueued, so the GPU
+        work of this group is finished first (as NCCL's barrier does), and once the barrier
+        returns every rank's earlier collectives are done.
+        """
+        self._drain()
+        unusable = self._unusable()
+        if unusable is not None:
+            return TopoWork([], unusable)
+        if self._cuda_device is not None:
+            torch.cuda.synchronize(self._cuda_device)
+        options = dist.BarrierOptions()
+        options.timeout = self._timeout
+        return self._cpu_sched.barrier(options)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> Any:
         """gloo's monitored barrier on the inner group: names the ranks that did not arrive.
