@@ -185,20 +185,14 @@ def _pids_with_marker(run_id: str) -> list[int]:
 def _end_processes(pids: Sequence[int], grace_s: float = TERMINATE_GRACE_S) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``, to each pid (ignoring the ones already gone)."""
     alive = list(pids)
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _alive(pid)]
-        time.sleep(0.05)
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + grace_s
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _alive(pid)]
-        time.sleep(0.05)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if _alive(pid)]
+            time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:

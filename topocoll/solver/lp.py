@@ -9,7 +9,7 @@ It solves the master problem of tree packing::
 
 A column is a tree carrying a fraction ``y_k`` of its group's data (a group is a root's shard);
 ``tau`` is the time to move one unit of every group. The duals price the next column
-(:mod:`topocoll.solver.synthesize`). The solver is always named explicitly: HiGHS through
+(:func:`topocoll.solver.packing.pack_trees`). The solver is always named explicitly: HiGHS through
 highspy by default, CBC as the fallback.
 """
 

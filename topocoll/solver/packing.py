@@ -328,116 +328,37 @@ def pack_trees(
     """
     deadline = time.monotonic() + time_limit_s
     net = RankNetwork(topology, ranks, reverse)
-    n_ranks = len(ranks)
     roots = list(roots)
-    group_of = {r: g for g, r in enumerate(roots)}
-    # Tiny per-hop cost: among equally priced routes prefer the shorter one (and keeps
-    # Dijkstra's weights strictly positive).
-    hop_cost = 1e-6
-
-    def make_tree(cost: np.ndarray, pred: np.ndarray, root: int, pairs=None) -> tuple[lp.PackingColumn, Tree, float] | None:
-        if pairs is None:
-            pairs = _arborescence(cost, root)
-        if pairs is None or len(pairs) != n_ranks - 1 or not all(np.isfinite(cost[u, v]) for u, v in pairs):
-            return None
-        loads: dict[int, float] = {}
-        arcs = []
-        price = 0.0
-        for parent, child in pairs:
-            edges, names = net.path(pred, parent, child)
-            price += cost[parent, child]
-            for e in edges:
-                loads[e] = loads.get(e, 0.0) + 1.0
-            arcs.append((parent, child, names))
-        return lp.PackingColumn(group_of[root], tuple(sorted(loads.items()))), Tree(root, tuple(arcs), 0.0), price
-
-    cost, pred = net.routes(np.full(len(net.cap), hop_cost))
-    columns: list[lp.PackingColumn] = []
-    trees: list[Tree] = []
-    for root in roots:
-        made = make_tree(cost, pred, root)
-        if made is None:
-            unreachable = [ranks[j] for j in range(n_ranks) if j != root and not np.isfinite(cost[:, j]).any()]
-            who = unreachable[0] if unreachable else "some rank"
-            raise SolverError(f"{who} cannot be reached from {ranks[root]} in this topology")
-        column, tree, _ = made
-        columns.append(column)
-        trees.append(tree)
-        # Stars through each switch plane the root touches: on NVSwitch machines their mix is
-        # the optimum, which saves most of the pricing rounds.
-        for star in net.stars(root, np.full(len(net.cap), hop_cost)):
-            loads: dict[int, float] = {}
-            for _, _, edges, _ in star:
-                for e in edges:
-                    loads[e] = loads.get(e, 0.0) + 1.0
-            star_column = lp.PackingColumn(group_of[root], tuple(sorted(loads.items())))
-            if star_column.loads != column.loads:
-                columns.append(star_column)
-                trees.append(Tree(root, tuple((p, c, names) for p, c, _, names in star), 0.0))
-        # Chains along good rings: on switched and hierarchical graphs these are often optimal
-        # already, which saves most of the pricing rounds.
-        for order in seed_orders:
-            at = list(order).index(root)
-            chain = list(order[at:]) + list(order[:at])
-            made = make_tree(cost, pred, root, list(zip(chain, chain[1:])))
-            if made is not None and made[0].loads != column.loads:
-                columns.append(made[0])
-                trees.append(made[1])
-
-    seeds = list(zip(columns, trees))
+    seeds = _seed_columns(net, ranks, roots, seed_orders)
+    pool = _ColumnPool(seeds)
     iterations = 0
     optimal = False
-    best: tuple[lp.PackingSolution, list[Tree], list[lp.PackingColumn]] | None = None
+    best: tuple[lp.PackingSolution, _ColumnPool] | None = None
     solver_used = solver
-    age = [0] * len(columns)
     last_tau = math.inf
     while True:
         iterations += 1
         remaining = max(1.0, deadline - time.monotonic())
-        solution = lp.solve_packing(len(roots), net.norm_cap, columns, solver=solver_used, time_limit_s=remaining)
+        solution = lp.solve_packing(len(roots), net.norm_cap, pool.columns, solver=solver_used, time_limit_s=remaining)
         if solution.status is lp.LPStatus.ERROR and solver_used == "highs":
             log.warning("HiGHS failed on the packing LP; retrying with CBC")
             solver_used = "cbc"
             continue
         if solution.status is not lp.LPStatus.OPTIMAL:
             break
-        best = (solution, list(trees), list(columns))
+        best = (solution, pool.copy())
         time_per_unit = solution.tau / net.max_cap
         if target_time_per_unit_s > 0 and time_per_unit <= target_time_per_unit_s * (1 + gap):
             optimal = True
             break
         if time.monotonic() > deadline:
             break
-        # Keep the master small (PuLP rebuilds it every round): drop trees that carried
-        # nothing for a few rounds; pricing brings them back if they are needed again. Only
-        # after a round that lowered tau: dropping during a degenerate stall lets pricing
+        # Only after a round that lowered tau: dropping during a degenerate stall lets pricing
         # bring the same trees back round after round without end.
         improved = solution.tau < last_tau * (1 - 1e-9)
         last_tau = min(last_tau, solution.tau)
-        keep = [
-            k for k in range(len(columns)) if solution.weights[k] > 0 or age[k] < _KEEP_UNUSED_ROUNDS or not improved
-        ]
-        columns = [columns[k] for k in keep]
-        trees = [trees[k] for k in keep]
-        age = [age[k] + 1 for k in keep]
-        present = {(c.group, c.loads) for c in columns}
-        weights = np.asarray(solution.edge_duals) + hop_cost
-        cost, pred = net.routes(weights)
-        added = 0
-        for root in roots:
-            made = make_tree(cost, pred, root)
-            if made is None:
-                continue
-            column, tree, price = made
-            true_price = price - hop_cost * sum(load for _, load in column.loads)
-            mu = solution.group_duals[group_of[root]]
-            key = (column.group, column.loads)
-            if true_price < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
-                columns.append(column)
-                trees.append(tree)
-                age.append(0)
-                present.add(key)
-                added += 1
+        pool.drop_idle(solution.weights, improved)
+        added = _price_trees(net, roots, solution, pool)
         log.info("column generation %d: time/unit %.4g, %d trees added", iterations, time_per_unit, added)
         if added == 0:
             optimal = True
@@ -445,31 +366,158 @@ def pack_trees(
 
     if best is None:
         raise SolverError(f"tree packing LP failed ({solution.status.value})")
-    solution, trees, columns = best
-    # Second stage: the same busiest-link time (within _SHALLOW_SLACK), least tree depth.
-    # Deep chains and shallow stars often tie on bandwidth; shallow trees need fewer steps.
-    present = {(c.group, c.loads) for c in columns}
-    for column, tree in seeds:  # shallow seeds dropped while pricing get another chance
-        if (column.group, column.loads) not in present:
-            columns.append(column)
-            trees.append(tree)
-            present.add((column.group, column.loads))
-    if len(trees) > len(roots):
-        shallow = lp.solve_packing(
-            len(roots),
-            net.norm_cap,
-            columns,
-            solver=solution.solver,
-            time_limit_s=max(1.0, deadline - time.monotonic()),
-            depths=[t.height for t in trees],
-            tau_limit=solution.tau * (1 + _SHALLOW_SLACK),
-        )
-        if shallow.status is lp.LPStatus.OPTIMAL:
-            solution = lp.PackingSolution(
-                shallow.status, shallow.tau, shallow.weights, solution.group_duals, solution.edge_duals, shallow.solver
-            )
-    chosen = _normalise(trees, solution.weights, roots, max_trees_per_root)
+    solution, pool = best
+    solution = _shallowest(net, roots, solution, pool, seeds, deadline)
+    chosen = _normalise(pool.trees, solution.weights, roots, max_trees_per_root)
     return Packing(tuple(chosen), solution.tau / net.max_cap, optimal, iterations, solution.solver)
+
+
+#: Per-hop cost added to every arc's price: among equally priced routes the shorter one wins,
+#: and Dijkstra's weights stay strictly positive.
+_HOP_COST = 1e-6
+
+
+def _tree_column(
+    net: RankNetwork, cost: np.ndarray, pred: np.ndarray, root: int, group: int, pairs: Sequence[tuple[int, int]] | None = None
+) -> tuple[lp.PackingColumn, Tree, float] | None:
+    """The column, tree and price of the tree over the routes ``pred`` with arcs ``pairs`` (by
+    default the minimum arborescence of ``cost`` at ``root``); None when it spans not every rank."""
+    if pairs is None:
+        pairs = _arborescence(cost, root)
+    if pairs is None or len(pairs) != len(net.rank_index) - 1 or not all(np.isfinite(cost[u, v]) for u, v in pairs):
+        return None
+    loads: dict[int, float] = {}
+    arcs = []
+    price = 0.0
+    for parent, child in pairs:
+        edges, names = net.path(pred, parent, child)
+        price += cost[parent, child]
+        for e in edges:
+            loads[e] = loads.get(e, 0.0) + 1.0
+        arcs.append((parent, child, names))
+    return lp.PackingColumn(group, tuple(sorted(loads.items()))), Tree(root, tuple(arcs), 0.0), price
+
+
+def _seed_columns(
+    net: RankNetwork, ranks: Sequence[str], roots: Sequence[int], seed_orders: Sequence[Sequence[int]]
+) -> list[tuple[lp.PackingColumn, Tree]]:
+    """The first master problem's trees: per root the cheapest-route tree, the stars through the
+    switch planes it touches, and the chains along the seed rings."""
+    cost, pred = net.routes(np.full(len(net.cap), _HOP_COST))
+    seeds: list[tuple[lp.PackingColumn, Tree]] = []
+    for group, root in enumerate(roots):
+        made = _tree_column(net, cost, pred, root, group)
+        if made is None:
+            unreachable = [ranks[j] for j in range(len(ranks)) if j != root and not np.isfinite(cost[:, j]).any()]
+            who = unreachable[0] if unreachable else "some rank"
+            raise SolverError(f"{who} cannot be reached from {ranks[root]} in this topology")
+        column, tree, _ = made
+        seeds.append((column, tree))
+        # Stars through each switch plane the root touches: on NVSwitch machines their mix is
+        # the optimum, which saves most of the pricing rounds.
+        for star in net.stars(root, np.full(len(net.cap), _HOP_COST)):
+            loads: dict[int, float] = {}
+            for _, _, edges, _ in star:
+                for e in edges:
+                    loads[e] = loads.get(e, 0.0) + 1.0
+            star_column = lp.PackingColumn(group, tuple(sorted(loads.items())))
+            if star_column.loads != column.loads:
+                seeds.append((star_column, Tree(root, tuple((p, c, names) for p, c, _, names in star), 0.0)))
+        # Chains along good rings: on switched and hierarchical graphs these are often optimal
+        # already, which saves most of the pricing rounds.
+        for order in seed_orders:
+            at = list(order).index(root)
+            chain = list(order[at:]) + list(order[:at])
+            made = _tree_column(net, cost, pred, root, group, list(zip(chain, chain[1:])))
+            if made is not None and made[0].loads != column.loads:
+                seeds.append((made[0], made[1]))
+    return seeds
+
+
+class _ColumnPool:
+    """The master problem's columns with their trees, each with the rounds it went unused."""
+
+    def __init__(self, entries: Sequence[tuple[lp.PackingColumn, Tree]] = ()) -> None:
+        self.columns = [column for column, _ in entries]
+        self.trees = [tree for _, tree in entries]
+        self.age = [0] * len(self.columns)
+
+    def copy(self) -> "_ColumnPool":
+        other = _ColumnPool()
+        other.columns, other.trees, other.age = list(self.columns), list(self.trees), list(self.age)
+        return other
+
+    def keys(self) -> set[tuple[int, tuple[tuple[int, float], ...]]]:
+        return {(c.group, c.loads) for c in self.columns}
+
+    def add(self, column: lp.PackingColumn, tree: Tree) -> None:
+        self.columns.append(column)
+        self.trees.append(tree)
+        self.age.append(0)
+
+    def drop_idle(self, weights: Sequence[float], improved: bool) -> None:
+        """Keep the master small (PuLP rebuilds it every round): drop trees that carried nothing
+        for :data:`_KEEP_UNUSED_ROUNDS` rounds, after a round that ``improved`` the time only;
+        pricing brings them back if they are needed again."""
+        keep = [k for k in range(len(self.columns)) if weights[k] > 0 or self.age[k] < _KEEP_UNUSED_ROUNDS or not improved]
+        self.columns = [self.columns[k] for k in keep]
+        self.trees = [self.trees[k] for k in keep]
+        self.age = [self.age[k] + 1 for k in keep]
+
+
+def _price_trees(net: RankNetwork, roots: Sequence[int], solution: lp.PackingSolution, pool: _ColumnPool) -> int:
+    """Add to ``pool`` each root's cheapest tree under the LP's edge duals when it prices below
+    the root's group dual (it would lower the busiest-link time); the number added."""
+    present = pool.keys()
+    cost, pred = net.routes(np.asarray(solution.edge_duals) + _HOP_COST)
+    added = 0
+    for group, root in enumerate(roots):
+        made = _tree_column(net, cost, pred, root, group)
+        if made is None:
+            continue
+        column, tree, price = made
+        true_price = price - _HOP_COST * sum(load for _, load in column.loads)
+        mu = solution.group_duals[group]
+        key = (column.group, column.loads)
+        if true_price < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
+            pool.add(column, tree)
+            present.add(key)
+            added += 1
+    return added
+
+
+def _shallowest(
+    net: RankNetwork,
+    roots: Sequence[int],
+    solution: lp.PackingSolution,
+    pool: _ColumnPool,
+    seeds: Sequence[tuple[lp.PackingColumn, Tree]],
+    deadline: float,
+) -> lp.PackingSolution:
+    """Second stage: the same busiest-link time (within :data:`_SHALLOW_SLACK`), least tree depth.
+
+    Deep chains and shallow stars often tie on bandwidth; shallow trees need fewer steps. Shallow
+    seeds dropped while pricing get another chance.
+    """
+    present = pool.keys()
+    for column, tree in seeds:
+        if (column.group, column.loads) not in present:
+            pool.add(column, tree)
+            present.add((column.group, column.loads))
+    if len(pool.trees) <= len(roots):
+        return solution
+    shallow = lp.solve_packing(
+        len(roots),
+        net.norm_cap,
+        pool.columns,
+        solver=solution.solver,
+        time_limit_s=max(1.0, deadline - time.monotonic()),
+        depths=[t.height for t in pool.trees],
+        tau_limit=solution.tau * (1 + _SHALLOW_SLACK),
+    )
+    if shallow.status is not lp.LPStatus.OPTIMAL:
+        return solution
+    return lp.PackingSolution(shallow.status, shallow.tau, shallow.weights, solution.group_duals, solution.edge_duals, shallow.solver)
 
 
 def _normalise(trees: Sequence[Tree], weights: Sequence[float], roots: Sequence[int], max_trees_per_root: int | None) -> list[Tree]:

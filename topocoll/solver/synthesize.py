@@ -13,8 +13,8 @@ out as chunks and steps:
   step after its reduction reached the root.
 - broadcast / reduce: like allgather / reduce-scatter with the root's trees only.
 
-``plan`` picks, for a message size, the candidate with the lowest predicted α-β time among the
-synthesized schedule at several pipeline depths and the baselines.
+Which schedule runs for a message size (this layout at several pipeline depths, or a baseline)
+is the planner's choice: :func:`topocoll.solver.planner.plan_collective`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from topocoll.errors import SolverError
 from topocoll.solver.bound import Bound, cut_bound
-from topocoll.solver.request import check_request
-from topocoll.solver.rail_packing import host_groups, pack_by_rails
 from topocoll.solver.packing import Packing, Tree, pack_trees
+from topocoll.solver.rail_packing import host_groups, pack_by_rails
+from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.topo.model import Topology
 
