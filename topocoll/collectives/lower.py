@@ -270,6 +270,11 @@ def lower(
     ScheduleError
         ``rank`` is outside the schedule or ``count`` is negative.
 
+    See Also
+    --------
+    lower_all : every rank's program at once.
+    topocoll.solver.verify.verify : what a schedule must pass before it is lowered.
+
     Examples
     --------
     >>> from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
@@ -304,6 +309,10 @@ def lower_all(
     -------
     tuple of RankProgram
         One program per requested rank, in the order requested.
+
+    See Also
+    --------
+    lower : one rank's program.
     """
     _check(schedule, count)
     if max_message_elements is not None and (

@@ -192,6 +192,11 @@ def cut_bound(topology: Topology, collective: Collective, ranks: Sequence[str], 
     TopologyError
         A rank that is not a node of the topology.
 
+    See Also
+    --------
+    topocoll.solver.verify.verify : a schedule's bandwidth time, to set beside the bound.
+    topocoll.solver.synthesize.synthesize : schedules that reach it.
+
     Examples
     --------
     Two GPUs joined by one 25 GB/s link each way: an allgather of 2 GB moves 1 GB each way.

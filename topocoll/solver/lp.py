@@ -90,7 +90,13 @@ def _variable(problem: pulp.LpProblem, name: str) -> pulp.LpVariable:
 
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
-    """Silence the C library's banner, which HiGHS writes straight to file descriptor 1."""
+    """Silence the C library's banner, which HiGHS writes straight to file descriptor 1.
+
+    HiGHS 1.16 prints it from the constructor of the first ``highspy.Highs`` of a process,
+    before any option can be set (checked: ``output_flag`` set right after construction leaves
+    it on stdout), so PuLP's ``msg=False`` cannot stop it; without this a command that writes
+    JSON or a table to stdout would start with the banner.
+    """
     sys.stdout.flush()
     saved = os.dup(1)
     try:

@@ -325,6 +325,11 @@ def pack_trees(
     ------
     SolverError
         Some rank cannot be reached from a root.
+
+    See Also
+    --------
+    topocoll.solver.lp.solve_packing : the master problem.
+    topocoll.solver.synthesize.synthesize : the schedule made of the trees.
     """
     deadline = time.monotonic() + time_limit_s
     net = RankNetwork(topology, ranks, reverse)

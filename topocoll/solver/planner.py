@@ -246,6 +246,11 @@ def plan_collective(
     SolverError
         Invalid request: fewer than two ranks, unknown or non-compute rank nodes, a root
         outside the ranks, ranks that cannot reach each other, a size <= 0.
+
+    See Also
+    --------
+    choose : the rule that picks among the candidates.
+    topocoll.solver.plan : the chosen schedule alone.
     """
     collective = Collective.parse(collective) if isinstance(collective, str) else collective
     ranks = tuple(ranks) if ranks is not None else topology.compute_nodes()

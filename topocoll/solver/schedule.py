@@ -272,6 +272,10 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
         Malformed JSON or not a schedule; the message names the file.
     OSError
         The file does not exist or cannot be opened (left to the caller).
+
+    See Also
+    --------
+    topocoll.solver.verify.require_topology_digest, topocoll.solver.verify.verify : the checks a loaded schedule gets before it is used.
     """
     source = str(path)
     return Schedule.from_json(fileio.read_input(path, fileio.SCHEDULE_LIMIT_BYTES, "schedule file"), source=source)

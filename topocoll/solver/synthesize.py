@@ -278,6 +278,11 @@ def synthesize(
     ------
     SolverError
         Invalid ranks or root, or ranks that cannot reach each other.
+
+    See Also
+    --------
+    topocoll.solver.packing.pack_trees : the trees it lays out.
+    topocoll.solver.planner.plan_collective : synthesis weighed against the baselines.
     """
     ranks = check_request(topology, collective, ranks, root)
     bound = cut_bound(topology, collective, ranks, root)

@@ -162,6 +162,11 @@ def verify(
     -------
     Verification
         Never raises for an incorrect schedule; see :meth:`Verification.raise_if_failed`.
+
+    See Also
+    --------
+    topocoll.solver.bound.cut_bound : the limit a verified schedule is measured against.
+    topocoll.collectives.lower.lower : what runs a verified schedule.
     """
     errors = _Errors(max_errors)
     graph = topology.graph

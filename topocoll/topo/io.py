@@ -136,6 +136,10 @@ def load_topology(path: str | os.PathLike) -> Topology:
         The content violates the model; the message names the file.
     OSError
         The file does not exist or cannot be opened (left to the caller).
+
+    See Also
+    --------
+    save_topology : the other way.
     """
     text = fileio.read_input(path, fileio.TOPOLOGY_LIMIT_BYTES, "topology file")
     return parse_topology(text, str(path))
@@ -167,6 +171,10 @@ def save_topology(topology: Topology, path: str | os.PathLike) -> None:
     FormatError
         Unknown extension, or a topology the format cannot describe (the message names the
         file).
+
+    See Also
+    --------
+    load_topology : the other way.
     """
     suffix = Path(path).suffix.lower()
     if suffix not in EXTENSIONS:

@@ -413,6 +413,11 @@ def parse_nccl_xml(text: str, source: str = "<nccl-xml>") -> Topology:
     TopologyError
         The content violates the model (e.g. duplicate ranks); the message names the file.
 
+    See Also
+    --------
+    topocoll.topo.nccl_xml_export.to_nccl_xml : the export it round-trips with.
+    topocoll.topo.io.load_topology : any topology file, its format told from its content.
+
     Examples
     --------
     >>> topo = parse_nccl_xml('<system version="1"><cpu numaid="0"><pci busid="0000:01:00.0" '

@@ -169,6 +169,10 @@ def to_nccl_xml(topology: Topology) -> str:
     FormatError
         The topology holds what NCCL XML cannot say (several hosts, host ranks, xGMI/C2C/shm
         links, PCIe links that do not form a tree).
+
+    See Also
+    --------
+    parse_nccl_xml : topocoll.topo.nccl_xml.parse_nccl_xml, the import it round-trips with.
     """
     _check_exportable(topology)
     cpus = [n.id for n in topology.nodes_of(NodeKind.CPU)]
