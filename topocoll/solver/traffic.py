@@ -1,0 +1,599 @@
+"""Routing a traffic matrix (all-to-all with uneven splits) over several paths per pair.
+
+An all-to-all moves ``matrix[i][j]`` bytes from rank i to rank j for every ordered pair. Sent on
+one path per pair (what NCCL does), a hot pair saturates its link while parallel links idle.
+Here each pair's bytes are split over paths (the direct route, other NICs and rails, relays
+through other ranks) so that the busiest link finishes first: the *bandwidth time* of a
+routing is ``max over links e of load(e) / bw(e)``, as for schedules (DESIGN's measures).
+
+Four routings, each a :class:`Routing`:
+
+- :func:`route_lp`: the optimum. A path-flow linear program solved by column generation
+  through the one LP module (:func:`topocoll.solver.lp.solve_packing`, whose "trees" are paths
+  here): the master weighs each pair's paths, the link duals price a new path per pair by a
+  shortest-path search, and it stops when no path prices below its pair's dual.
+- :func:`route_fast`: good enough to run per training step. Over a fixed set of candidate
+  paths per pair (:func:`candidate_paths`, made once per topology and ranks), Frank-Wolfe
+  steps on a smoothed busiest-link time move traffic towards each pair's least loaded path;
+  numpy only, no LP.
+- :func:`route_single_path`: every pair on the one widest path of the route rule
+  (:mod:`topocoll.solver.routing`), relays through other ranks allowed.
+- :func:`route_direct`: every pair on the widest path that relays through no other rank.
+
+:func:`traffic_bound` is a lower bound of every routing: over a family of cuts (ranks, hosts,
+the parts a forwarding node separates), the bytes that must cross a cut over the cut's
+bandwidth. The LP optimum is at least that bound, and equal to it when one of those cuts binds.
+
+Everything here is pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+from scipy.sparse import csc_matrix, csr_matrix, hstack
+from scipy.sparse.csgraph import dijkstra
+
+from topocoll.errors import SolverError
+from topocoll.solver import lp
+from topocoll.solver.link_arrays import LinkArrays, link_arrays
+from topocoll.solver.routing import widest_path
+from topocoll.topo.model import Topology
+
+__all__ = [
+    "PathSets",
+    "PathSplit",
+    "Routing",
+    "TrafficBound",
+    "candidate_paths",
+    "check_matrix",
+    "route_direct",
+    "route_fast",
+    "route_lp",
+    "route_single_path",
+    "traffic_bound",
+]
+
+HOP_COST = 1e-6
+"""Added to every link's price when searching paths: among equally priced paths the shorter one
+wins (and the search's weights stay positive)."""
+
+FAST_ITERATIONS = 150
+"""Frank-Wolfe steps of :func:`route_fast`. Measured on the presets (``benchmarks/traffic_bench.py``):
+the time is within 2 % of the LP optimum after 150-300 steps, and a step costs one sparse
+product over the candidate paths."""
+
+REFRESH_AT = (0, 5, 15, 35, 75)
+"""Steps of :func:`route_fast` at which a shortest-path search under the current prices adds each
+pair's cheapest path to the candidates (a search costs about as much as a few steps)."""
+
+SMOOTHING = 64.0
+"""Sharpness of the smoothed maximum ``log Σ exp(k u_e) / k`` over link utilisations ``u_e``
+(normalised by the busiest link of the start): large enough that the busiest links dominate the
+gradient, small enough that the others still pull traffic off them."""
+
+
+@dataclass(frozen=True, slots=True)
+class PathSplit:
+    """``bytes`` of pair ``src -> dst`` (rank indices) sent along ``path`` (topology node ids)."""
+
+    src: int
+    dst: int
+    path: tuple[str, ...]
+    bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """A routing of a traffic matrix.
+
+    Attributes
+    ----------
+    method : str
+        ``"lp"``, ``"fast"``, ``"single_path"`` or ``"direct"``.
+    ranks : tuple of str
+    splits : tuple of PathSplit
+        Every pair's bytes, split over its paths (pairs without traffic have none).
+    time_s : float
+        Bandwidth time: the busiest link's load over its bandwidth.
+    bottleneck : tuple of str
+        The busiest link (its two ends).
+    optimal : bool
+        For ``"lp"``: column generation finished (no path prices below its pair's dual).
+    """
+
+    method: str
+    ranks: tuple[str, ...]
+    splits: tuple[PathSplit, ...]
+    time_s: float
+    bottleneck: tuple[str, ...]
+    optimal: bool = False
+
+    def paths_per_pair(self) -> float:
+        """Mean number of paths a pair with traffic uses."""
+        pairs = {(s.src, s.dst) for s in self.splits}
+        return len(self.splits) / len(pairs) if pairs else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficBound:
+    """``time_s``: no routing of the matrix finishes its bandwidth time sooner; ``cut`` is the
+    node set whose boundary binds, ``outbound`` whether the bytes leave it (else enter it)."""
+
+    time_s: float
+    cut: tuple[str, ...]
+    outbound: bool
+
+
+def check_matrix(matrix: Sequence[Sequence[float]], n: int) -> np.ndarray:
+    """The traffic matrix as an ``n x n`` float array, its diagonal zeroed (a rank's bytes to itself
+    move nowhere).
+
+    Raises
+    ------
+    SolverError
+        Not ``n x n``, or an entry that is negative or not finite (naming it).
+    """
+    array = np.asarray(matrix, dtype=float)
+    if array.shape != (n, n):
+        raise SolverError(f"traffic matrix must be {n} x {n} (one row and column per rank), got shape {array.shape}")
+    bad = np.argwhere(~np.isfinite(array) | (array < 0))
+    if len(bad):
+        i, j = (int(v) for v in bad[0])
+        raise SolverError(f"traffic matrix entry [{i}][{j}] = {float(array[i, j])!r}: bytes must be finite and >= 0")
+    array = array.copy()
+    np.fill_diagonal(array, 0.0)
+    return array
+
+
+# ------------------------------------------------------------------------------ the network
+class _Network:
+    """The topology restricted to ranks and forwarding nodes, with path search and link loads."""
+
+    def __init__(self, topology: Topology, ranks: Sequence[str]) -> None:
+        self.ranks = tuple(ranks)
+        self.arrays: LinkArrays = link_arrays(topology, self.ranks)
+        self.edge_of = {(int(a), int(b)): e for e, (a, b) in enumerate(zip(self.arrays.src, self.arrays.dst))}
+        self._names: dict[tuple[int, ...], tuple[str, ...]] = {}
+        a = self.arrays
+        self._edge_index = np.full((a.n, a.n), -1, dtype=np.int64)  # link of each (tail, head)
+        self._edge_index[a.src, a.dst] = np.arange(len(a.src))
+
+    def shortest(self, weights: np.ndarray, sources: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Distances and predecessors from each rank in ``sources`` under link ``weights``."""
+        a = self.arrays
+        graph = csr_matrix((weights, (a.src, a.dst)), shape=(a.n, a.n))
+        return dijkstra(graph, directed=True, indices=[int(a.ranks[s]) for s in sources], return_predecessors=True)
+
+    def path_edges(self, pred_row: np.ndarray, src: int, dst: int) -> tuple[int, ...] | None:
+        """Link indices of the path from rank ``src`` to rank ``dst`` in a predecessor row."""
+        a = self.arrays
+        node, start = int(a.ranks[dst]), int(a.ranks[src])
+        edges = []
+        while node != start:
+            parent = int(pred_row[node])
+            if parent < 0:
+                return None
+            edges.append(self.edge_of[(parent, node)])
+            node = parent
+        return tuple(reversed(edges))
+
+    def paths_to(self, pred_row: np.ndarray, src: int, dsts: Sequence[int]) -> list[tuple[int, ...] | None]:
+        """:meth:`path_edges` for many destinations at once (walks every tree path in step)."""
+        a = self.arrays
+        start = int(a.ranks[src])
+        current = a.ranks[np.asarray(dsts, dtype=np.int64)].copy()
+        done = current == start
+        columns = []
+        while not done.all():
+            parent = pred_row[current]
+            broken = (parent < 0) & ~done
+            if broken.any():  # unreachable destinations: mark them and stop walking them
+                done |= broken
+                current = np.where(broken, start, current)
+                parent = np.where(broken, start, parent)
+            step = np.where(done, -1, self._edge_index[np.where(done, start, parent), current])
+            columns.append(step)
+            current = np.where(done, current, parent)
+            done |= current == start
+        reachable = ~((pred_row[a.ranks[np.asarray(dsts, dtype=np.int64)]] < 0) & (a.ranks[np.asarray(dsts, dtype=np.int64)] != start))
+        if not columns:
+            return [() if ok else None for ok in reachable]
+        table = np.stack(columns[::-1], axis=1).tolist()
+        return [tuple(e for e in row if e >= 0) if ok else None for row, ok in zip(table, reachable)]
+
+    def names(self, edges: tuple[int, ...], src: int) -> tuple[str, ...]:
+        """The node ids along link list ``edges`` from rank ``src`` (cached: routings of many
+        matrices over one network name the same paths)."""
+        found = self._names.get(edges)
+        if found is None:
+            a = self.arrays
+            found = (a.names[int(a.ranks[src])], *(a.names[int(a.dst[e])] for e in edges))
+            self._names[edges] = found
+        return found
+
+    def edges_of_path(self, path: Sequence[str]) -> tuple[int, ...]:
+        index = self.arrays.index
+        return tuple(self.edge_of[(index[u], index[v])] for u, v in zip(path, path[1:]))
+
+
+def _finish(method: str, net: _Network, pairs: Sequence[tuple[int, int]], paths: Sequence[tuple[int, ...]], flows: np.ndarray, optimal: bool = False) -> Routing:
+    """A :class:`Routing` of ``flows[k]`` bytes of pair ``pairs[k]`` along link list ``paths[k]``."""
+    a = net.arrays
+    loads = np.zeros(len(a.cap))
+    splits = []
+    for (src, dst), edges, amount in zip(pairs, paths, flows):
+        if amount > 0:
+            splits.append(PathSplit(src, dst, net.names(edges, src), float(amount)))
+    used = [k for k, amount in enumerate(flows) if amount > 0]
+    np.add.at(loads, [e for k in used for e in paths[k]], np.repeat(np.asarray(flows, dtype=float)[used], [len(paths[k]) for k in used]))
+    utilisation = loads / a.cap
+    busiest = int(np.argmax(utilisation)) if len(utilisation) else 0
+    time_s = float(utilisation[busiest]) if len(utilisation) else 0.0
+    bottleneck = (a.names[int(a.src[busiest])], a.names[int(a.dst[busiest])]) if time_s > 0 else ()
+    return Routing(method, net.ranks, tuple(splits), time_s, bottleneck, optimal)
+
+
+def _pairs(matrix: np.ndarray) -> list[tuple[int, int]]:
+    return [(int(i), int(j)) for i, j in zip(*np.nonzero(matrix))]
+
+
+# ------------------------------------------------------------------------------ one path a pair
+def route_single_path(topology: Topology, ranks: Sequence[str], matrix: Sequence[Sequence[float]]) -> Routing:
+    """Every pair's bytes on its one widest route (relays through other ranks allowed): NCCL's
+    one path per pair."""
+    return _route_one_path("single_path", topology, ranks, matrix, relays=ranks)
+
+
+def route_direct(topology: Topology, ranks: Sequence[str], matrix: Sequence[Sequence[float]]) -> Routing:
+    """Every pair's bytes on its widest route through forwarding nodes only (no other rank)."""
+    return _route_one_path("direct", topology, ranks, matrix, relays=())
+
+
+def _route_one_path(method: str, topology: Topology, ranks: Sequence[str], matrix, relays: Sequence[str]) -> Routing:
+    net = _Network(topology, ranks)
+    demand = check_matrix(matrix, len(net.ranks))
+    pairs = _pairs(demand)
+    paths = [net.edges_of_path(widest_path(topology, net.ranks[i], net.ranks[j], relays=relays)) for i, j in pairs]
+    return _finish(method, net, pairs, paths, np.array([demand[p] for p in pairs]))
+
+
+# ------------------------------------------------------------------------------ the optimum
+def route_lp(
+    topology: Topology,
+    ranks: Sequence[str],
+    matrix: Sequence[Sequence[float]],
+    *,
+    solver: str = "highs",
+    time_limit_s: float = 60.0,
+    gap: float = 1e-4,
+) -> Routing:
+    """The routing with the least bandwidth time (multi-path, relays allowed), by column generation.
+
+    Parameters
+    ----------
+    topology : Topology
+    ranks : sequence of str
+        Rank nodes, in rank order.
+    matrix : sequence of sequences of float
+        ``matrix[i][j]``: bytes rank i sends to rank j.
+    solver : {"highs", "cbc"}
+    time_limit_s : float
+        Budget; the best routing so far is returned when it runs out (``optimal`` False).
+    gap : float
+        Stop when the time is within this fraction of :func:`traffic_bound`.
+
+    Returns
+    -------
+    Routing
+
+    Raises
+    ------
+    SolverError
+        A bad matrix, or a pair with traffic that has no path.
+
+    See Also
+    --------
+    route_fast : close to this, fast enough for every step.
+    traffic_bound : the lower bound it is compared with.
+    """
+    net = _Network(topology, ranks)
+    demand = check_matrix(matrix, len(net.ranks))
+    pairs = _pairs(demand)
+    if not pairs:
+        return _finish("lp", net, [], [], np.zeros(0), optimal=True)
+    total = float(demand.sum())
+    scale_cap = float(net.arrays.cap.max())
+    capacities = net.arrays.cap / scale_cap
+    share = [demand[p] / total for p in pairs]
+    by_source: dict[int, list[int]] = {}
+    for k, (i, _) in enumerate(pairs):
+        by_source.setdefault(i, []).append(k)
+    target = traffic_bound(topology, ranks, demand).time_s
+    columns: list[lp.PackingColumn] = []
+    paths: list[tuple[int, ...]] = []
+    present: set[tuple[int, tuple[int, ...]]] = set()
+
+    def add_paths(weights: np.ndarray, duals: Sequence[float] | None) -> int:
+        added = 0
+        sources = sorted(by_source)
+        _, pred = net.shortest(weights, sources)
+        for row, i in enumerate(sources):
+            for k in by_source[i]:
+                edges = net.path_edges(pred[row], i, pairs[k][1])
+                if edges is None:
+                    raise SolverError(f"rank {i} ({net.ranks[i]}) cannot reach rank {pairs[k][1]} ({net.ranks[pairs[k][1]]})")
+                if (k, edges) in present:
+                    continue
+                if duals is not None:
+                    price = share[k] * float(sum(weights[e] - HOP_COST for e in edges))
+                    if price >= duals[k] - 1e-9 * max(1.0, abs(duals[k])):
+                        continue
+                columns.append(lp.PackingColumn(k, tuple((e, share[k]) for e in edges)))
+                paths.append(edges)
+                present.add((k, edges))
+                added += 1
+        return added
+
+    add_paths(np.full(len(capacities), HOP_COST) + 1.0 / capacities, None)  # the widest-ish first paths
+    optimal = False
+    best: lp.PackingSolution | None = None
+    best_paths: list[tuple[int, ...]] = []
+    best_columns: list[lp.PackingColumn] = []
+    while True:
+        solution = lp.solve_packing(len(pairs), capacities, columns, solver=solver, time_limit_s=time_limit_s)
+        if solution.status is not lp.LPStatus.OPTIMAL:
+            break
+        best, best_paths, best_columns = solution, list(paths), list(columns)
+        time_s = solution.tau * total / scale_cap
+        if target > 0 and time_s <= target * (1 + gap):
+            optimal = True
+            break
+        if add_paths(np.asarray(solution.edge_duals) + HOP_COST, solution.group_duals) == 0:
+            optimal = True
+            break
+    if best is None:
+        raise SolverError(f"traffic routing LP failed ({solution.status.value})")
+    flows = np.array([w * demand[pairs[c.group]] for w, c in zip(best.weights, best_columns)])
+    return _finish("lp", net, [pairs[c.group] for c in best_columns], best_paths, flows, optimal)
+
+
+# ------------------------------------------------------------------------------ the fast path
+@dataclass(frozen=True, slots=True, eq=False)
+class PathSets:
+    """Candidate paths of every ordered pair of ranks, as a link-by-path incidence matrix.
+
+    Made once per topology and ranks by :func:`candidate_paths`; :func:`route_fast` routes any
+    matrix over them.
+    """
+
+    ranks: tuple[str, ...]
+    pair_of_path: np.ndarray  # pair index src * n + dst of each path, sorted
+    first_path: np.ndarray  # index of each pair's first path (n * n + 1 entries)
+    edges: tuple[tuple[int, ...], ...]  # link indices of each path
+    incidence: csr_matrix  # links x paths, 1 where a path uses a link
+    cap: np.ndarray  # bytes/s of each link
+    network: _Network
+
+
+def candidate_paths(topology: Topology, ranks: Sequence[str], per_pair: int = 4) -> PathSets:
+    """Up to ``per_pair`` paths for every ordered pair of ranks, different where the topology
+    offers different ones.
+
+    Round r searches, from every rank, the cheapest paths under link prices ``1/bw`` raised on
+    the links this rank's paths of earlier rounds used, so that later rounds take other NICs,
+    rails and relays. The widest route of the route rule is always among them.
+
+    Raises
+    ------
+    SolverError
+        A pair of ranks that cannot reach each other.
+    """
+    net = _Network(topology, ranks)
+    n = len(net.ranks)
+    cap = net.arrays.cap
+    base = cap.max() / cap  # 1 on the widest links
+    found: dict[int, list[tuple[int, ...]]] = {}
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                found[i * n + j] = [net.edges_of_path(widest_path(topology, net.ranks[i], net.ranks[j], relays=net.ranks))]
+    used = np.zeros((n, len(cap)))
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                used[i, list(found[i * n + j][0])] += 1
+    for _ in range(per_pair - 1):
+        for i in range(n):
+            _, pred = net.shortest(base * (1.0 + used[i]) + HOP_COST, [i])
+            for j in range(n):
+                if i == j:
+                    continue
+                edges = net.path_edges(pred[0], i, j)
+                if edges is None:
+                    raise SolverError(f"rank {i} ({net.ranks[i]}) cannot reach rank {j} ({net.ranks[j]})")
+                if edges not in found[i * n + j]:
+                    found[i * n + j].append(edges)
+                used[i, list(edges)] += 1
+    pair_of_path, edges_list = [], []
+    first = np.zeros(n * n + 1, dtype=np.int64)
+    for pair in range(n * n):
+        first[pair] = len(edges_list)
+        for edges in found.get(pair, ()):
+            pair_of_path.append(pair)
+            edges_list.append(edges)
+    first[n * n] = len(edges_list)
+    rows = [e for edges in edges_list for e in edges]
+    cols = [p for p, edges in enumerate(edges_list) for _ in edges]
+    incidence = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(cap), len(edges_list)))
+    return PathSets(net.ranks, np.asarray(pair_of_path, dtype=np.int64), first, tuple(edges_list), incidence, cap, net)
+
+
+def route_fast(
+    paths: PathSets, matrix: Sequence[Sequence[float]], iterations: int = FAST_ITERATIONS, refresh_at: Sequence[int] = REFRESH_AT
+) -> Routing:
+    """A routing close to the optimum, by Frank-Wolfe steps over a growing set of paths.
+
+    Starts from every pair on its first (widest) candidate path. Each step prices every path by
+    the gradient of the smoothed busiest-link time and moves a share ``2 / (t + 2)`` of each
+    pair's bytes to its cheapest path; at the steps in ``refresh_at`` a shortest-path search
+    under the same prices adds each pair's cheapest path of the whole network to the set (the
+    exact step of Frank-Wolfe, which the fixed candidates only approximate). The best routing
+    seen is returned.
+
+    See Also
+    --------
+    candidate_paths : the paths it starts from (made once per topology and ranks).
+    route_lp : the optimum over all paths, to measure this against.
+    """
+    n = len(paths.ranks)
+    net = paths.network
+    demand = check_matrix(matrix, n).reshape(-1)
+    edges = list(paths.edges)
+    known = set(zip(paths.pair_of_path.tolist(), edges))
+    inv_cap = 1.0 / paths.cap
+    active_pairs = np.flatnonzero(demand > 0)
+    if len(active_pairs) == 0:
+        return _finish("fast", net, [], [], np.zeros(0))
+    by_source: dict[int, list[int]] = {}
+    for pair in active_pairs:
+        by_source.setdefault(int(pair) // n, []).append(int(pair) % n)
+
+    def columns(new_edges: Sequence[tuple[int, ...]]) -> csc_matrix:
+        rows = [e for path in new_edges for e in path]
+        cols = [c for c, path in enumerate(new_edges) for _ in path]
+        return csc_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(inv_cap), len(new_edges)))
+
+    def sort_by_pair(incidence: csc_matrix, flows: np.ndarray, pair_ids: np.ndarray, edges: list):
+        order = np.argsort(pair_ids, kind="stable")
+        return incidence[:, order], flows[order], pair_ids[order], [edges[k] for k in order]
+
+    pair_ids = paths.pair_of_path.copy()
+    flows = np.zeros(len(edges))
+    flows[paths.first_path[:-1][demand > 0]] = demand[demand > 0]  # the widest path first
+    incidence = csc_matrix(paths.incidence)
+    loads = incidence @ flows
+    scale = max(float((loads * inv_cap).max()), 1e-30)
+    best_flows, best_time, best_edges, best_pairs = flows.copy(), float((loads * inv_cap).max()), list(edges), pair_ids.copy()
+    refresh = set(refresh_at)
+    for t in range(iterations):
+        utilisation = loads * inv_cap / scale
+        pressure = np.exp(SMOOTHING * (utilisation - utilisation.max())) * inv_cap
+        if t in refresh:
+            # The exact Frank-Wolfe step: each pair's cheapest path of the whole network under
+            # the same prices; a pair whose candidates already hold one gains nothing.
+            weights = pressure + HOP_COST * pressure.max()
+            price = incidence.T @ weights
+            starts = np.flatnonzero(np.r_[True, pair_ids[1:] != pair_ids[:-1]])
+            cheapest = dict(zip(pair_ids[starts].tolist(), np.minimum.reduceat(price, starts).tolist()))
+            sources = sorted(by_source)
+            dist, pred = net.shortest(weights, sources)
+            new_pairs, new_edges = [], []
+            for row, i in enumerate(sources):
+                dsts = [j for j in by_source[i] if dist[row, net.arrays.ranks[j]] < cheapest[i * n + j] * (1 - 1e-9)]
+                for j, found in zip(dsts, net.paths_to(pred[row], i, dsts) if dsts else ()):
+                    if found is not None and (i * n + j, found) not in known:
+                        known.add((i * n + j, found))
+                        new_pairs.append(i * n + j)
+                        new_edges.append(found)
+            if new_edges:
+                incidence = hstack([incidence, columns(new_edges)], format="csc")
+                flows = np.concatenate([flows, np.zeros(len(new_edges))])
+                pair_ids = np.concatenate([pair_ids, np.asarray(new_pairs, dtype=np.int64)])
+                incidence, flows, pair_ids, edges = sort_by_pair(incidence, flows, pair_ids, edges + new_edges)
+        price = incidence.T @ pressure
+        path_demand = demand[pair_ids]
+        price = np.where(path_demand > 0, price, np.inf)
+        starts = np.flatnonzero(np.r_[True, pair_ids[1:] != pair_ids[:-1]])
+        cheapest = np.minimum.reduceat(price, starts)
+        counts = np.diff(np.r_[starts, len(pair_ids)])
+        candidates = np.flatnonzero(price == np.repeat(cheapest, counts))
+        chosen = candidates[np.unique(pair_ids[candidates], return_index=True)[1]]
+        target = np.zeros_like(flows)
+        target[chosen] = path_demand[chosen]
+        step = 2.0 / (t + 2.0)
+        flows = (1 - step) * flows + step * target
+        loads = incidence @ flows
+        time_s = float((loads * inv_cap).max())
+        if time_s < best_time:
+            best_flows, best_time, best_edges, best_pairs = flows.copy(), time_s, edges, pair_ids
+    best_flows = _prune(best_flows, best_pairs, demand)
+    pairs = [(int(p) // n, int(p) % n) for p in best_pairs]
+    return _finish("fast", net, pairs, best_edges, best_flows)
+
+
+PRUNE_SHARE = 1e-3
+"""Paths that carry less than this share of their pair's bytes are dropped from a fast routing and
+their bytes spread over the pair's other paths: Frank-Wolfe leaves a trace on every path it
+visited, and each path is a message to send."""
+
+
+def _prune(flows: np.ndarray, pair_ids: np.ndarray, demand: np.ndarray) -> np.ndarray:
+    """``flows`` without the paths under :data:`PRUNE_SHARE` of their pair, each pair rescaled
+    to its demand (``pair_ids`` sorted)."""
+    share = flows / np.maximum(demand[pair_ids], 1e-300)
+    kept = np.where(share >= PRUNE_SHARE, flows, 0.0)
+    starts = np.flatnonzero(np.r_[True, pair_ids[1:] != pair_ids[:-1]])
+    totals = np.add.reduceat(kept, starts)
+    counts = np.diff(np.r_[starts, len(pair_ids)])
+    per_path_total = np.repeat(totals, counts)
+    return np.where(per_path_total > 0, kept * demand[pair_ids] / np.maximum(per_path_total, 1e-300), flows)
+
+
+# ------------------------------------------------------------------------------ the bound
+def traffic_bound(topology: Topology, ranks: Sequence[str], matrix: Sequence[Sequence[float]]) -> TrafficBound:
+    """A lower bound of the bandwidth time of any routing of ``matrix``.
+
+    For each cut S in a family, the bytes from ranks inside S to ranks outside must leave S over
+    the links leaving it (and likewise entering), so no routing beats ``bytes / bandwidth`` of
+    any S. The family: every rank alone; every host's ranks with the host's forwarding nodes;
+    and, for every forwarding node x (switch, CPU, NIC, PCIe bridge), each connected part of the
+    network without x (which finds sockets behind their inter-socket link, PCIe subtrees behind
+    their switch, racks behind their uplink). Compute nodes that are not ranks forward nothing
+    and are left out.
+
+    Examples
+    --------
+    >>> from topocoll.topo.discover import flat_topology
+    >>> topo = flat_topology(3)
+    >>> bound = traffic_bound(topo, topo.compute_nodes(), [[0, 8e9, 0], [0, 0, 0], [0, 0, 0]])
+    >>> bound.cut, bound.outbound, round(bound.time_s / (8e9 / topo.capacity("host0", "hub")), 6)
+    (('host0',), True, 1.0)
+    """
+    ranks = tuple(ranks)
+    demand = check_matrix(matrix, len(ranks))
+    index = {r: i for i, r in enumerate(ranks)}
+    kept = set(link_arrays(topology, ranks).names)
+    links = [link for link in topology.links if link.src in kept and link.dst in kept]
+    cuts: set[frozenset[str]] = {frozenset((r,)) for r in ranks}
+    for group in topology.ranks_by_host(ranks):
+        host = topology.node(ranks[group[0]]).host_id
+        if host is not None and 1 < len(group) < len(ranks):
+            cuts.add(frozenset(ranks[i] for i in group) | {n.id for n in topology.nodes if n.id in kept and not n.kind.is_compute and n.host_id == host})
+    graph = nx.Graph()
+    graph.add_nodes_from(kept)
+    graph.add_edges_from((link.src, link.dst) for link in links)
+    for x in kept:
+        if not topology.node(x).kind.is_compute:
+            rest = graph.subgraph(kept - {x})
+            for part in nx.connected_components(rest):
+                if 0 < sum(1 for v in part if v in index) < len(ranks):
+                    cuts.add(frozenset(part))
+    best = TrafficBound(0.0, (), True)
+    for cut in sorted(cuts, key=lambda c: sorted(c)):
+        members = [index[v] for v in cut if v in index]
+        outside = [i for i in range(len(ranks)) if ranks[i] not in cut]
+        out_bytes = float(demand[np.ix_(members, outside)].sum())
+        in_bytes = float(demand[np.ix_(outside, members)].sum())
+        out_bw = sum(link.bw_bytes_per_s for link in links if link.src in cut and link.dst not in cut)
+        in_bw = sum(link.bw_bytes_per_s for link in links if link.dst in cut and link.src not in cut)
+        for moved, bw, outbound in ((out_bytes, out_bw, True), (in_bytes, in_bw, False)):
+            if moved > 0:
+                time_s = moved / bw if bw > 0 else math.inf
+                if time_s > best.time_s:
+                    best = TrafficBound(time_s, tuple(sorted((v for v in cut if v in index), key=index.get)), outbound)
+    return best
