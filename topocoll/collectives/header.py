@@ -83,7 +83,7 @@ FAILURE_KEY = "failure"
 
 BLAME_LISTEN_S = 0.5
 """How long a rank that timed out waiting for a peer follows the other ranks' blame records in
-the store (:meth:`TopoProcessGroup._follow_blame`). Ranks that time out in one collective do
+the store (:meth:`HeaderExchange._follow_blame`). Ranks that time out in one collective do
 so within a scheduler slice or two of each other, since their waits started together; a store
 round trip is well under a millisecond on one host and a few on a network."""
 
