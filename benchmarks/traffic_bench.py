@@ -5,9 +5,9 @@ For each topology and traffic pattern it routes one matrix four ways
 the optimum and its time to plan, and the speedup of the optimum over one path per pair (NCCL's
 way):
 
-* patterns: ``uniform`` (every pair the same), ``zipf`` (each rank's bytes Zipf(1.2) over the
-  others, in a random order per rank), ``hot`` (one expert: every rank sends half its bytes to
-  rank 0, the rest evenly);
+* patterns (:func:`topocoll.solver.traffic.traffic_matrix`): ``uniform`` (every pair the same),
+  ``zipf`` (each rank's bytes Zipf(1.2) over the others, in a random order per rank), ``hot``
+  (one expert: every rank sends half its bytes to rank 0, the rest evenly);
 * topologies: DGX-1 V100, DGX A100, MI300X, an 8-GPU PCIe box, and DGX H100 clusters of 4 and
   16 machines with one rail per GPU index.
 
@@ -32,8 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -53,32 +51,6 @@ TOPOLOGIES = {
 }
 
 
-def matrix(pattern: str, n: int, seed: int = 0) -> np.ndarray:
-    """Bytes per ordered pair; every rank sends :data:`BYTES_PER_RANK`."""
-    m = np.zeros((n, n))
-    others = lambda i: [j for j in range(n) if j != i]  # noqa: E731
-    if pattern == "uniform":
-        for i in range(n):
-            m[i, others(i)] = BYTES_PER_RANK / (n - 1)
-    elif pattern == "zipf":
-        rng = np.random.default_rng(seed)
-        for i in range(n):
-            weights = 1.0 / np.arange(1, n) ** 1.2
-            rng.shuffle(weights)
-            m[i, others(i)] = weights / weights.sum() * BYTES_PER_RANK
-    elif pattern == "hot":
-        for i in range(n):
-            rest = [j for j in others(i) if j != 0]
-            if i == 0:
-                m[i, rest] = BYTES_PER_RANK / len(rest)
-            else:
-                m[i, 0] = BYTES_PER_RANK / 2
-                m[i, rest] = BYTES_PER_RANK / 2 / len(rest)
-    else:
-        raise ValueError(pattern)
-    return m
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs of the fast path per case (median)")
@@ -92,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = T.candidate_paths(topo, ranks)
         candidates_s = time.perf_counter() - started
         for pattern in ("uniform", "zipf", "hot"):
-            m = matrix(pattern, len(ranks))
+            m = T.traffic_matrix(pattern, len(ranks), BYTES_PER_RANK)
             started = time.perf_counter()
             optimum = T.route_lp(topo, ranks, m)
             lp_s = time.perf_counter() - started

@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand registered."""
     from topocoll.bench import emulate_cli, probe_cli, simulate_cli
     from topocoll.solver import cli as solver_cli
+    from topocoll.solver import route_cli
     from topocoll.topo import cli as topo_cli
 
     parser = argparse.ArgumentParser(
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     probe_cli.register(topo_cli.register(sub))
     solver_cli.register(sub)
+    route_cli.register(sub)
     simulate_cli.register(sub)
     emulate_cli.register(sub)
     return parser

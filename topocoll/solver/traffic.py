@@ -56,6 +56,8 @@ __all__ = [
     "route_lp",
     "route_single_path",
     "traffic_bound",
+    "traffic_matrix",
+    "PATTERNS",
 ]
 
 HOP_COST = 1e-6
@@ -148,6 +150,53 @@ def check_matrix(matrix: Sequence[Sequence[float]], n: int) -> np.ndarray:
     array = array.copy()
     np.fill_diagonal(array, 0.0)
     return array
+
+
+PATTERNS = ("uniform", "zipf", "hot")
+"""Synthetic traffic of :func:`traffic_matrix`."""
+
+
+def traffic_matrix(pattern: str, n: int, bytes_per_rank: float, *, zipf_s: float = 1.2, hot_rank: int = 0, seed: int = 0) -> np.ndarray:
+    """A synthetic all-to-all traffic matrix in which every rank sends ``bytes_per_rank``.
+
+    Parameters
+    ----------
+    pattern : {"uniform", "zipf", "hot"}
+        ``uniform``: every other rank gets the same share. ``zipf``: rank i's bytes follow
+        Zipf(``zipf_s``) over the other ranks, in a random order per rank (``seed``): a few
+        destinations take most (mixture-of-experts routing). ``hot``: one hot expert, every rank
+        but ``hot_rank`` sends it half its bytes and spreads the rest evenly.
+    n : int
+        Ranks (at least 2).
+    bytes_per_rank : float
+
+    Raises
+    ------
+    SolverError
+        Unknown pattern, fewer than 2 ranks, a negative size or ``zipf_s``, a hot rank outside.
+
+    Examples
+    --------
+    >>> traffic_matrix("hot", 3, 4.0).tolist()
+    [[0.0, 2.0, 2.0], [2.0, 0.0, 2.0], [2.0, 2.0, 0.0]]
+    """
+    if pattern not in PATTERNS:
+        raise SolverError(f"unknown traffic pattern {pattern!r}; expected one of {', '.join(PATTERNS)}")
+    if n < 2 or not bytes_per_rank >= 0 or not zipf_s >= 0 or not 0 <= hot_rank < n:
+        raise SolverError(f"traffic pattern {pattern}: need n >= 2, bytes >= 0, s >= 0 and a hot rank in 0..{n - 1}")
+    matrix = np.zeros((n, n))
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        if pattern == "uniform" or (pattern == "hot" and (i == hot_rank or n == 2)):
+            weights = np.ones(n - 1)
+        elif pattern == "zipf":
+            weights = 1.0 / np.arange(1, n) ** zipf_s
+            rng.shuffle(weights)
+        else:  # hot: half to the hot rank, the rest evenly over the others
+            weights = np.array([(n - 2) if j == hot_rank else 1.0 for j in others])
+        matrix[i, others] = weights / weights.sum() * bytes_per_rank
+    return matrix
 
 
 # ------------------------------------------------------------------------------ the network

@@ -1,0 +1,85 @@
+"""``topocoll route``: the table, the routing file, matrix files, and their refusals."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tests.hostile import assert_one_line_error
+from topocoll.cli import main
+from topocoll.solver import traffic
+from topocoll.topo.cluster import make_cluster
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    path = tmp_path / "h100x2.json"
+    path.write_text(make_cluster("dgx-h100", 2).to_json())
+    return path
+
+
+def _run(capsys, argv):
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_pattern_table_and_routing_file(capsys, cluster, tmp_path):
+    out_path = tmp_path / "r.json"
+    status, out, err = _run(
+        capsys, ["route", "--topology", str(cluster), "--pattern", "hot", "--bytes-per-rank", "16M", "-o", str(out_path)]
+    )
+    assert status == 0, err
+    methods = re.findall(r"^(lp|fast|single_path|direct)\s+[\d.]+ (?:µs|ms|s)\s+([\d.]+)x the bound", out, re.MULTILINE)
+    assert [m for m, _ in methods] == ["lp", "fast", "single_path", "direct"]
+    ratios = {m: float(r) for m, r in methods}
+    assert ratios["lp"] >= 1.0 and ratios["lp"] <= ratios["single_path"]
+    data = json.loads(out_path.read_text())
+    assert data["format"] == "topocoll.routing/1" and data["method"] == "lp"
+    matrix = np.asarray(data["matrix_bytes"])
+    np.testing.assert_allclose(matrix, traffic.traffic_matrix("hot", 16, 16 << 20))
+    delivered = np.zeros_like(matrix)
+    for split in data["splits"]:
+        assert split["path"][0] == data["ranks"][split["src"]] and split["path"][-1] == data["ranks"][split["dst"]]
+        delivered[split["src"], split["dst"]] += split["bytes"]
+    np.testing.assert_allclose(delivered, matrix, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "text"), [("m.csv", "0, 1M\n2M, 0\n"), ("m.json", "[[0, 1048576], [2097152, 0]]")])
+def test_matrix_files(capsys, cluster, tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    status, out, err = _run(capsys, ["route", "--topology", str(cluster), "--ranks", "n0.gpu0,n1.gpu0", "--matrix", str(path)])
+    assert status == 0, err
+    assert f"traffic     {path}: 2 ranks, {3 * 1048576 / 1e6:.1f} MB in all" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("0,x\n1,0\n", "row 0: expected numbers of bytes"),
+        ("0,1\n", "must be 2 x 2"),
+        ("0,-5\n1,0\n", "entry [0][1] = -5.0"),
+        ('{"rows": 1}', "expected numbers of bytes"),
+    ],
+)
+def test_bad_matrix_files_are_refused_and_nothing_is_written(capsys, cluster, tmp_path, text, fragment):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    out_path = tmp_path / "never.json"
+    status, _, err = _run(
+        capsys, ["route", "--topology", str(cluster), "--ranks", "n0.gpu0,n1.gpu0", "--matrix", str(path), "-o", str(out_path)]
+    )
+    assert_one_line_error(status, err, "topocoll", fragment)
+    assert str(path) in err
+    assert not out_path.exists()
+
+
+def test_an_unknown_rank_and_a_missing_folder_are_refused(capsys, cluster, tmp_path):
+    status, _, err = _run(capsys, ["route", "--topology", str(cluster), "--ranks", "n0.gpu0,gpu99", "--pattern", "uniform"])
+    assert_one_line_error(status, err, "topocoll", "no node 'gpu99'")
+    status, _, err = _run(capsys, ["route", "--topology", str(cluster), "--pattern", "zipf", "-o", str(tmp_path / "no" / "r.json")])
+    assert_one_line_error(status, err, "topocoll", "does not exist")
