@@ -1,5 +1,5 @@
 """What a topo group hands to its inner backend as it is: point-to-point messages, gather,
-scatter, all-to-all, the barrier and gloo's monitored barrier (:class:`InnerBackendCalls`, a part of
+scatter, the barrier and gloo's monitored barrier (:class:`InnerBackendCalls`, a part of
 :class:`~topocoll.collectives.process_group.TopoProcessGroup`)."""
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from topocoll.collectives.tensor_views import scatter_copy
 from topocoll.collectives.work import TopoWork
-from topocoll.errors import CollectiveError
 
 
 class InnerBackendCalls:
@@ -72,43 +70,3 @@ class InnerBackendCalls:
         """Inner backend's scatter."""
         return self._other(output_tensors).scatter(output_tensors, input_tensors, opts or dist.ScatterOptions())
 
-    def alltoall_base(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,  # noqa: A002
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: Any = None,
-    ) -> Any:
-        """Inner backend's all-to-all of one tensor."""
-        return self._other([input]).alltoall_base(
-            output, input, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions()
-        )
-
-    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> TopoWork:
-        """All-to-all of tensor lists, through the inner backend's single-tensor all-to-all."""
-        return self._complete(output_tensors, lambda: self._alltoall(output_tensors, input_tensors))
-
-    def _alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor]) -> None:
-        if len(output_tensors) != self._group_size or len(input_tensors) != self._group_size:
-            raise CollectiveError(f"rank {self._group_rank}: alltoall needs {self._group_size} input and output tensors")
-        if len({t.dtype for t in list(output_tensors) + list(input_tensors)}) != 1:
-            raise CollectiveError(f"rank {self._group_rank}: alltoall tensors must share one dtype")
-        send = torch.cat([t.reshape(-1) for t in input_tensors])
-        receive = torch.empty(sum(t.numel() for t in output_tensors), dtype=send.dtype, device=send.device)
-        work = self._other(input_tensors).alltoall_base(
-            receive, send, [t.numel() for t in output_tensors], [t.numel() for t in input_tensors], dist.AllToAllOptions()
-        )
-        work.wait(self._timeout)
-        scatter_copy(receive, output_tensors)
-
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,  # noqa: A002
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: Any = None,
-    ) -> Any:
-        """Same as :meth:`alltoall_base` (``dist.all_to_all_single``)."""
-        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from topocoll.collectives.alltoall import AllToAllCalls, AllToAllPlanner
 from topocoll.collectives.executor import Executor
 from topocoll.collectives.failure import NO_RANK, AgreedError, FailedError, Failure, FailureKind
 from topocoll.collectives.header import HeaderExchange
@@ -71,7 +72,7 @@ BACKEND_NAME = "topo"
 """The name to pass to ``dist.init_process_group`` / ``dist.new_group``."""
 
 
-class TopoProcessGroup(ScheduledCollectives, HeaderExchange, InnerBackendCalls, dist.ProcessGroup):
+class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, InnerBackendCalls, dist.ProcessGroup):
     """A torch.distributed process group that runs topocoll schedules.
 
     Usually created by ``dist.init_process_group("topo", ...)`` or
@@ -157,6 +158,7 @@ class TopoProcessGroup(ScheduledCollectives, HeaderExchange, InnerBackendCalls, 
             topology, nodes, rank, own_store, planner or default_planner, segment_bytes, cuda_planner=planner or cuda_planner
         )
         self._shm: ShmTransport | None = None
+        self._a2a_planner: AllToAllPlanner | None = None  # made on the first routed all-to-all
         self._cpu_sched: Any = None
         self._cpu_other: Any = None
         self._cpu_executor: Executor | None = None
@@ -295,6 +297,7 @@ class TopoProcessGroup(ScheduledCollectives, HeaderExchange, InnerBackendCalls, 
             topology, self._schedules.nodes, self._group_rank, self._store, planner or default_planner, segment_bytes,
             cuda_planner=planner or cuda_planner,
         )
+        self._a2a_planner = None
         if self._rail_groups:
             self._schedules.use_rails(self._rails)
         if self._group_rank == 0:
@@ -529,5 +532,3 @@ def _interface_exists(name: str) -> bool:
     except OSError:
         return False
     return True
-
-

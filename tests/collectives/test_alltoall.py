@@ -1,0 +1,66 @@
+"""Routed all-to-all on the topo backend, 3 real ranks: bit-equal to gloo's for uneven splits and
+every dtype, the list form, async, relays through a rank where a link is slow, and bad splits
+raising on every rank; the pure parts (element splits, agreement) alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.collectives.alltoall_worker import rank_main
+from tests.collectives.harness import launch
+from topocoll.collectives.alltoall import Chain, agree_counts, element_splits, split_counts
+from topocoll.collectives.failure import AgreedError
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_routed_all_to_all_matches_gloo(tmp_path):
+    reports = launch(rank_main, 3, tmp_path, 240)
+    problems = [p for r in reports for p in r["problems"]]
+    assert not problems, "\n".join(problems[:20])
+    assert min(r["checked"] for r in reports) >= 10
+
+
+def test_element_splits_add_up_and_follow_the_shares():
+    chains = [Chain((0, 1), 0.6), Chain((0, 2, 1), 0.3), Chain((0, 3, 1), 0.1)]
+    for count in (0, 1, 7, 10, 1001):
+        parts = element_splits(chains, count)
+        assert sum(parts) == count
+        assert all(abs(p - c.share * count) < 1 for p, c in zip(parts, chains))
+
+
+def _gatherer(rows):
+    return lambda mine: [torch.tensor(r, dtype=torch.int64) for r in rows]
+
+
+def test_agreement_reads_the_matrix_and_refuses_what_does_not_match():
+    # rank 0 sends [0, 5], rank 1 sends [7, 0]; each receives what the other sends
+    rows = [[9, 0, 0, 5, 0, 7], [9, 0, 7, 0, 5, 0]]
+    assert agree_counts(_gatherer(rows), 0, 2, [0, 5], [0, 7], 9).tolist() == [[0, 5], [7, 0]]
+    wrong = [[9, 0, 0, 5, 0, 7], [9, 0, 7, 0, 4, 0]]
+    with pytest.raises(AgreedError, match=r"rank 1 expects \[4, 0\] elements from the ranks, they send it \[5, 0\]"):
+        agree_counts(_gatherer(wrong), 0, 2, [0, 5], [0, 7], 9)
+    flagged = [[9, 0, 0, 5, 0, 7], [9, 1, 0, 0, 0, 0]]
+    with pytest.raises(AgreedError, match=r"invalid arguments on rank\(s\) \[1\]"):
+        agree_counts(_gatherer(flagged), 0, 2, [0, 5], [0, 7], 9)
+    dtypes = [[9, 0, 0, 5, 0, 7], [8, 0, 7, 0, 5, 0]]
+    with pytest.raises(AgreedError, match="differ in dtype"):
+        agree_counts(_gatherer(dtypes), 0, 2, [0, 5], [0, 7], 9)
+
+
+@pytest.mark.parametrize(
+    ("rows", "splits", "expected", "error"),
+    [
+        (6, [], [6, 6, 6], None),  # 6 rows of 3 elements, equal parts of 2 rows
+        (6, [1, 2, 3], [3, 6, 9], None),
+        (7, [], [], "not a multiple"),
+        (6, [1, 2], [], "2 input split sizes"),
+        (6, [4, -1, 3], [], "negative"),
+        (6, [1, 1, 1], [], "add up to 3"),
+    ],
+)
+def test_split_counts(rows, splits, expected, error):
+    counts, message = split_counts(torch.zeros(rows, 3), splits, 3, "input")
+    assert counts == expected
+    assert (message is None) if error is None else (error in message)
