@@ -124,6 +124,18 @@ class AllToAllPlanner:
         self._paths: traffic.PathSets | None = None
         self._cache: OrderedDict[tuple[int, ...], tuple[tuple[Chain, ...], ...]] = OrderedDict()
 
+    @property
+    def one_path_only(self) -> bool:
+        """Whether the topology offers every pair just one path (a flat host, a star): routing
+        then gains nothing over the inner backend's own all-to-all, which is cheaper to call."""
+        paths = self._candidate_paths()
+        return bool((np.diff(paths.first_path) <= 1).all())
+
+    def _candidate_paths(self) -> traffic.PathSets:
+        if self._paths is None:
+            self._paths = traffic.candidate_paths(self._topology, self._nodes)
+        return self._paths
+
     def chains(self, byte_matrix: np.ndarray, broadcast: Any) -> tuple[tuple[Chain, ...], ...]:
         """Every pair's chains (index ``src * n + dst``), from the cache or planned on rank 0 and
         broadcast (``broadcast(tensor)`` broadcasts a float64 tensor from rank 0 in place)."""
@@ -145,9 +157,7 @@ class AllToAllPlanner:
         return plan
 
     def _plan(self, byte_matrix: np.ndarray) -> torch.Tensor:
-        if self._paths is None:
-            self._paths = traffic.candidate_paths(self._topology, self._nodes)
-        routing = traffic.route_fast(self._paths, byte_matrix)
+        routing = traffic.route_fast(self._candidate_paths(), byte_matrix)
         index = {node: r for r, node in enumerate(self._nodes)}
         words: list[float] = []
         for split in routing.splits:
@@ -239,8 +249,9 @@ def split_counts(tensor: torch.Tensor, splits: Sequence[int], size: int, what: s
 class AllToAllCalls:
     """``alltoall_base`` / ``all_to_all_single`` and the list form on a topo group (a part of
     :class:`~topocoll.collectives.process_group.TopoProcessGroup`): CPU tensors are routed
-    (:func:`agree_counts`, :class:`AllToAllPlanner`, :func:`run_plan`), CUDA tensors go to the
-    inner NCCL group as they are."""
+    (:func:`agree_counts`, :class:`AllToAllPlanner`, :func:`run_plan`) where the topology offers
+    some pair more than one path; otherwise, and for CUDA tensors, the inner backend's own
+    all-to-all runs."""
 
     def alltoall_base(
         self,
@@ -251,7 +262,7 @@ class AllToAllCalls:
         opts: Any = None,
     ) -> Any:
         """All-to-all of one tensor (``dist.all_to_all_single``), even or uneven splits."""
-        if output.device.type != "cpu" or input.device.type != "cpu":
+        if output.device.type != "cpu" or input.device.type != "cpu" or self._a2a().one_path_only:
             return self._other([input]).alltoall_base(output, input, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions())
         body = lambda: self._routed_alltoall(output, input, list(output_split_sizes), list(input_split_sizes))  # noqa: E731
         return self._complete([output], body, scheduled=False)
@@ -286,7 +297,11 @@ class AllToAllCalls:
             return
         send = torch.cat([t.reshape(-1) for t in input_tensors])
         receive = torch.empty(sum(t.numel() for t in output_tensors), dtype=send.dtype)
-        self._routed_alltoall(receive, send, [t.numel() for t in output_tensors], [t.numel() for t in input_tensors])
+        out_counts, in_counts = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
+        if self._a2a().one_path_only:
+            self._other(input_tensors).alltoall_base(receive, send, out_counts, in_counts, dist.AllToAllOptions()).wait(self._timeout)
+        else:
+            self._routed_alltoall(receive, send, out_counts, in_counts)
         offset = 0
         for out in output_tensors:
             out.copy_(receive[offset : offset + out.numel()].view(out.shape))
@@ -322,11 +337,15 @@ class AllToAllCalls:
         direct = is_packed(output) and output.numel() > 0
         receive = output.view(-1).view(torch.uint8) if direct else torch.empty(output.numel() * itemsize, dtype=torch.uint8)
         if n > 1 and counts.any():
-            if self._a2a_planner is None:
-                self._a2a_planner = AllToAllPlanner(self._topology, self._schedules.nodes, rank)
-            chains = self._a2a_planner.chains(counts.astype(float), broadcast)
+            chains = self._a2a().chains(counts.astype(float), broadcast)
         else:
             chains = ((),) * (n * n)
         run_plan(backend, rank, chains, counts, send, receive, self._timeout)
         if not direct and output.numel():
             output.copy_(receive.view(output.dtype).view(output.shape))
+
+    def _a2a(self) -> AllToAllPlanner:
+        """The group's all-to-all planner, made on first use (for the topology planned on now)."""
+        if self._a2a_planner is None:
+            self._a2a_planner = AllToAllPlanner(self._topology, self._schedules.nodes, self._group_rank)
+        return self._a2a_planner
