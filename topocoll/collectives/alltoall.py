@@ -37,6 +37,7 @@ from topocoll.collectives.tensor_views import is_packed, raw_bytes
 from topocoll.errors import CollectiveError
 from topocoll.solver import traffic
 from topocoll.topo.model import Topology
+from topocoll.topo.rails import Rails
 
 __all__ = ["AllToAllCalls", "AllToAllPlanner", "Chain", "agree_counts", "element_splits", "run_plan", "split_counts"]
 
@@ -54,10 +55,17 @@ CACHE_SIZE = 64
 
 @dataclass(frozen=True, slots=True)
 class Chain:
-    """``share`` of pair ``ranks[0] -> ranks[-1]``'s elements, relayed along ``ranks``."""
+    """``share`` of pair ``ranks[0] -> ranks[-1]``'s elements, relayed along ``ranks``; hop k goes
+    on inner channel ``channels[k]`` (0: the group's own transport, r + 1: rail r's group, as
+    :meth:`topocoll.topo.rails.Rails.channel_of` says; empty: all on 0)."""
 
     ranks: tuple[int, ...]
     share: float
+    channels: tuple[int, ...] = ()
+
+    def channel(self, hop: int) -> int:
+        """The channel of hop ``hop``."""
+        return self.channels[hop] if self.channels else 0
 
 
 def agree_counts(
@@ -117,8 +125,9 @@ def element_splits(chains: Sequence[Chain], count: int) -> list[int]:
 class AllToAllPlanner:
     """Routes of a group's all-to-alls: planned on rank 0, shared, cached by quantised matrix."""
 
-    def __init__(self, topology: Topology, nodes: Sequence[str], rank: int) -> None:
+    def __init__(self, topology: Topology, nodes: Sequence[str], rank: int, rails: Rails | None = None) -> None:
         self._topology = topology
+        self._rails = rails
         self._nodes = tuple(nodes)
         self._rank = rank
         self._paths: traffic.PathSets | None = None
@@ -161,9 +170,11 @@ class AllToAllPlanner:
         index = {node: r for r, node in enumerate(self._nodes)}
         words: list[float] = []
         for split in routing.splits:
-            ranks = [split.src, *(index[v] for v in split.path[1:-1] if v in index), split.dst]
+            cuts = [k for k, v in enumerate(split.path) if v in index]  # where the path meets a rank
+            ranks = [index[split.path[k]] for k in cuts]
+            channels = [self._rails.channel_of(split.path[a : b + 1]) if self._rails else 0 for a, b in zip(cuts, cuts[1:])]
             share = split.bytes / byte_matrix[split.src, split.dst]
-            words += [float(split.src * len(self._nodes) + split.dst), share, float(len(ranks)), *map(float, ranks)]
+            words += [float(split.src * len(self._nodes) + split.dst), share, float(len(ranks)), *map(float, ranks), *map(float, channels)]
         return torch.tensor(words, dtype=torch.float64)
 
 
@@ -172,13 +183,15 @@ def _decode(words: Sequence[float], n: int) -> tuple[tuple[Chain, ...], ...]:
     k = 0
     while k < len(words):
         pair, share, length = int(words[k]), words[k + 1], int(words[k + 2])
-        chains[pair].append(Chain(tuple(int(r) for r in words[k + 3 : k + 3 + length]), share))
-        k += 3 + length
+        ranks = tuple(int(r) for r in words[k + 3 : k + 3 + length])
+        channels = tuple(int(c) for c in words[k + 3 + length : k + 2 + 2 * length])
+        chains[pair].append(Chain(ranks, share, channels))
+        k += 2 + 2 * length
     return tuple(tuple(c) for c in chains)
 
 
 def run_plan(
-    backend: Any,
+    backends: Sequence[Any],
     rank: int,
     chains: Sequence[Sequence[Chain]],
     counts: np.ndarray,
@@ -187,7 +200,8 @@ def run_plan(
     timeout: timedelta,
 ) -> None:
     """Move ``send`` (this rank's blocks, destination by destination) into ``receive`` (blocks by
-    source) along ``chains``, hop by hop, with ``backend``'s point-to-point messages.
+    source) along ``chains``, hop by hop, with the point-to-point messages of ``backends[c]``
+    for a hop on channel c.
 
     ``counts[i][j]`` elements go from rank i to rank j; ``send`` and ``receive`` are 1-D.
     """
@@ -204,17 +218,19 @@ def run_plan(
         offset = 0
         for chain, elements in zip(chains[pair], element_splits(chains[pair], int(counts[src, dst]))):
             if elements:
-                pieces.append((len(pieces), chain.ranks, src, dst, offset, elements))
+                pieces.append((len(pieces), chain, src, dst, offset, elements))
             offset += elements
     if counts[rank, rank]:
         receive[out_offset[rank] : out_offset[rank] + counts[rank, rank]] = send[in_offset[rank] : in_offset[rank] + counts[rank, rank]]
     held: dict[int, torch.Tensor] = {}
-    for hop in range(max((len(p[1]) - 1 for p in pieces), default=0)):
+    for hop in range(max((len(p[1].ranks) - 1 for p in pieces), default=0)):
         receives, sends = [], []
-        for piece_id, ranks, src, dst, offset, elements in pieces:
+        for piece_id, chain, src, dst, offset, elements in pieces:
+            ranks = chain.ranks
             if hop >= len(ranks) - 1:
                 continue
             sender, receiver = ranks[hop], ranks[hop + 1]
+            backend = backends[chain.channel(hop)]
             if receiver == rank:
                 if receiver == dst:
                     target = receive[out_offset[src] + offset : out_offset[src] + offset + elements]
@@ -340,12 +356,13 @@ class AllToAllCalls:
             chains = self._a2a().chains(counts.astype(float), broadcast)
         else:
             chains = ((),) * (n * n)
-        run_plan(backend, rank, chains, counts, send, receive, self._timeout)
+        run_plan([backend, *self._rail_groups], rank, chains, counts, send, receive, self._timeout)
         if not direct and output.numel():
             output.copy_(receive.view(output.dtype).view(output.shape))
 
     def _a2a(self) -> AllToAllPlanner:
         """The group's all-to-all planner, made on first use (for the topology planned on now)."""
         if self._a2a_planner is None:
-            self._a2a_planner = AllToAllPlanner(self._topology, self._schedules.nodes, self._group_rank)
+            rails = self._rails if self._rail_groups else None  # steer hops onto their rails only where rail groups exist
+            self._a2a_planner = AllToAllPlanner(self._topology, self._schedules.nodes, self._group_rank, rails)
         return self._a2a_planner
