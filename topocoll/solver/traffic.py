@@ -42,7 +42,7 @@ from topocoll.errors import SolverError
 from topocoll.solver import lp
 from topocoll.solver.link_arrays import LinkArrays, link_arrays
 from topocoll.solver.routing import widest_path
-from topocoll.topo.model import Topology
+from topocoll.topo.model import NodeKind, Topology
 
 __all__ = [
     "PathSets",
@@ -626,6 +626,17 @@ def traffic_bound(topology: Topology, ranks: Sequence[str], matrix: Sequence[Seq
     graph = nx.Graph()
     graph.add_nodes_from(kept)
     graph.add_edges_from((link.src, link.dst) for link in links)
+    for r in ranks:  # each rank's machine: what it reaches before a network switch or another rank
+        inside = {r}
+        frontier = [r]
+        while frontier:
+            for v in graph.neighbors(frontier.pop()):
+                kind = topology.node(v).kind
+                if v not in inside and v not in index and kind is not NodeKind.NET_SWITCH:
+                    inside.add(v)
+                    frontier.append(v)
+        if len(inside) > 1:
+            cuts.add(frozenset(inside))
     for x in kept:
         if not topology.node(x).kind.is_compute:
             rest = graph.subgraph(kept - {x})
