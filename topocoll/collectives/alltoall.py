@@ -356,7 +356,13 @@ class AllToAllCalls:
             chains = self._a2a().chains(counts.astype(float), broadcast)
         else:
             chains = ((),) * (n * n)
-        run_plan([backend, *self._rail_groups], rank, chains, counts, send, receive, self._timeout)
+        if all(len(c) <= 1 and all(len(chain.ranks) == 2 and chain.channel(0) == 0 for chain in c) for c in chains):
+            # the plan is one direct path per pair on the group's own transport: what the inner
+            # backend's all-to-all does in one call (the same decision on every rank: the plan is shared)
+            options = dist.AllToAllOptions()
+            backend.alltoall_base(receive, send, counts[:, rank].tolist(), counts[rank].tolist(), options).wait(self._timeout)
+        else:
+            run_plan([backend, *self._rail_groups], rank, chains, counts, send, receive, self._timeout)
         if not direct and output.numel():
             output.copy_(receive.view(output.dtype).view(output.shape))
 
