@@ -49,6 +49,11 @@ QUANT_STEPS_PER_OCTAVE = 4
 """Plan cache key: each pair's byte count as ``round(4 log2(bytes))``, so matrices within about
 ±9 % of each other pair by pair share a plan (its shares, not its counts)."""
 
+ROUTED_MAX_RANKS = 128
+"""Largest group whose CPU all-to-alls are routed: the candidate paths of 128 ranks take about a
+second to make on a 2-core machine and a plan about 0.3-0.9 s (``benchmarks/results/traffic_bench.md``);
+a step of a larger CPU group would wait on planning longer than it gains."""
+
 CACHE_SIZE = 64
 """Plans kept per group (least recently used dropped first)."""
 
@@ -136,7 +141,10 @@ class AllToAllPlanner:
     @property
     def one_path_only(self) -> bool:
         """Whether the topology offers every pair just one path (a flat host, a star): routing
-        then gains nothing over the inner backend's own all-to-all, which is cheaper to call."""
+        then gains nothing over the inner backend's own all-to-all, which is cheaper to call.
+        Groups over :data:`ROUTED_MAX_RANKS` are treated so too."""
+        if len(self._nodes) > ROUTED_MAX_RANKS:
+            return True
         paths = self._candidate_paths()
         return bool((np.diff(paths.first_path) <= 1).all())
 

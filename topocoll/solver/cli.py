@@ -83,7 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.set_defaults(func=run_verify)
 
 
-def _ranks(topology: Topology, text: str | None) -> tuple[str, ...]:
+def rank_nodes(topology: Topology, text: str | None) -> tuple[str, ...]:
+    """The nodes ``--ranks NODE,NODE,...`` names (default: every compute node), each checked."""
     if text is None:
         return topology.compute_nodes()
     ranks = tuple(part.strip() for part in text.split(",") if part.strip())
@@ -112,7 +113,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     collective = Collective.parse(args.collective)
     check_output_path(args.output, "-o")
     topology = load_topology(args.topology)
-    ranks = _ranks(topology, args.ranks)
+    ranks = rank_nodes(topology, args.ranks)
     size = _size(args.size)
     root = (args.root if args.root is not None else 0) if collective.is_rooted else None
     if args.root is not None and not collective.is_rooted:

@@ -15,6 +15,7 @@ from topocoll import fileio
 from topocoll.errors import FormatError, SolverError, UsageError
 from topocoll.fileio import check_output_path, write_atomic
 from topocoll.solver import traffic
+from topocoll.solver.cli import rank_nodes
 from topocoll.topo.io import load_topology
 from topocoll.topo.model import Topology
 from topocoll.units import format_time, parse_size
@@ -105,16 +106,6 @@ def _bytes(cell: object) -> float:
         return float(parse_size(text, "bytes"))
 
 
-def _ranks(topology: Topology, text: str | None) -> tuple[str, ...]:
-    if text is None:
-        return topology.compute_nodes()
-    ranks = tuple(part.strip() for part in text.split(",") if part.strip())
-    for node_id in ranks:
-        if not topology.graph.has_node(node_id):
-            raise UsageError(f"--ranks: no node {node_id!r} in the topology")
-    return ranks
-
-
 def routing_json(routing: traffic.Routing, topology: Topology, bound: traffic.TrafficBound, matrix: np.ndarray) -> dict:
     """The routing as ``topocoll.routing/1`` JSON: ranks, the matrix, every split with its path."""
     return {
@@ -135,7 +126,7 @@ def run_route(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.output, "-o", (".json",))
     topology = load_topology(args.topology)
-    ranks = _ranks(topology, args.ranks)
+    ranks = rank_nodes(topology, args.ranks)
     if args.matrix:
         matrix = load_matrix(args.matrix, len(ranks))
         what = args.matrix

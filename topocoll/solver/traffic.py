@@ -41,7 +41,7 @@ from scipy.sparse.csgraph import dijkstra
 from topocoll.errors import SolverError
 from topocoll.solver import lp
 from topocoll.solver.link_arrays import LinkArrays, link_arrays
-from topocoll.solver.routing import widest_path
+from topocoll.solver.routing import route_table, widest_path
 from topocoll.topo.model import NodeKind, Topology
 
 __all__ = [
@@ -447,10 +447,11 @@ def candidate_paths(topology: Topology, ranks: Sequence[str], per_pair: int = 4)
     cap = net.arrays.cap
     base = cap.max() / cap  # 1 on the widest links
     found: dict[int, list[tuple[int, ...]]] = {}
+    routes = route_table(topology, net.ranks)
     for i in range(n):
         for j in range(n):
             if i != j:
-                found[i * n + j] = [net.edges_of_path(widest_path(topology, net.ranks[i], net.ranks[j], relays=net.ranks))]
+                found[i * n + j] = [net.edges_of_path(routes.path(net.ranks[i], net.ranks[j]))]
     used = np.zeros((n, len(cap)))
     for i in range(n):
         for j in range(n):
