@@ -4,6 +4,7 @@ raising on every rank; the pure parts (element splits, agreement) alone."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,3 +65,18 @@ def test_split_counts(rows, splits, expected, error):
     counts, message = split_counts(torch.zeros(rows, 3), splits, 3, "input")
     assert counts == expected
     assert (message is None) if error is None else (error in message)
+
+
+def test_a_shared_plan_that_would_lose_bytes_is_refused():
+    from topocoll.collectives.alltoall import _check_plan
+    from topocoll.errors import CollectiveError
+
+    matrix = np.array([[0.0, 8.0], [0.0, 0.0]])
+    good = ((), (Chain((0, 1), 1.0),), (), ())
+    _check_plan(good, matrix, 0, 1)
+    with pytest.raises(CollectiveError, match="moves 0.500000 of rank 0 -> rank 1"):
+        _check_plan(((), (Chain((0, 1), 0.5),), (), ()), matrix, 0, 1)
+    with pytest.raises(CollectiveError, match="bad chain"):
+        _check_plan(((), (Chain((1, 0), 1.0),), (), ()), matrix, 0, 1)
+    with pytest.raises(CollectiveError, match="bad chain"):
+        _check_plan(((), (Chain((0, 1), 1.0, (2,)),), (), ()), matrix, 0, 1)

@@ -136,6 +136,7 @@ class AllToAllPlanner:
         self._nodes = tuple(nodes)
         self._rank = rank
         self._paths: traffic.PathSets | None = None
+        self._one_path_only: bool | None = None
         self._cache: OrderedDict[tuple[int, ...], tuple[tuple[Chain, ...], ...]] = OrderedDict()
 
     @property
@@ -143,10 +144,9 @@ class AllToAllPlanner:
         """Whether the topology offers every pair just one path (a flat host, a star): routing
         then gains nothing over the inner backend's own all-to-all, which is cheaper to call.
         Groups over :data:`ROUTED_MAX_RANKS` are treated so too."""
-        if len(self._nodes) > ROUTED_MAX_RANKS:
-            return True
-        paths = self._candidate_paths()
-        return bool((np.diff(paths.first_path) <= 1).all())
+        if self._one_path_only is None:  # asked on every call: decided once per group
+            self._one_path_only = len(self._nodes) > ROUTED_MAX_RANKS or bool((np.diff(self._candidate_paths().first_path) <= 1).all())
+        return self._one_path_only
 
     def _candidate_paths(self) -> traffic.PathSets:
         if self._paths is None:
@@ -168,6 +168,7 @@ class AllToAllPlanner:
         data = encoded if encoded is not None else torch.zeros(int(length.item()), dtype=torch.float64)
         broadcast(data)
         plan = _decode(data.tolist(), n)
+        _check_plan(plan, byte_matrix, self._rank, 1 + (self._rails.count if self._rails else 0))
         self._cache[key] = plan
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
@@ -184,6 +185,26 @@ class AllToAllPlanner:
             share = split.bytes / byte_matrix[split.src, split.dst]
             words += [float(split.src * len(self._nodes) + split.dst), share, float(len(ranks)), *map(float, ranks), *map(float, channels)]
         return torch.tensor(words, dtype=torch.float64)
+
+
+def _check_plan(plan: Sequence[Sequence[Chain]], byte_matrix: np.ndarray, rank: int, channels: int) -> None:
+    """Refuse a shared plan that would not deliver every pair's bytes: each chain must run from
+    its pair's source to its destination over ranks and channels of the group, and each pair with
+    traffic must have chains whose shares add up to one. (Every rank checks what rank 0 sent.)"""
+    n = byte_matrix.shape[0]
+    for pair, chains in enumerate(plan):
+        src, dst = divmod(pair, n)
+        if byte_matrix[src, dst] > 0 and src != dst and abs(sum(c.share for c in chains) - 1.0) > 1e-6:
+            raise CollectiveError(f"rank {rank}: all_to_all: the shared plan moves {sum(c.share for c in chains):.6f} of rank {src} -> rank {dst}")
+        for c in chains:
+            if (
+                len(c.ranks) < 2
+                or (c.ranks[0], c.ranks[-1]) != (src, dst)
+                or not all(0 <= r < n for r in c.ranks)
+                or len(c.channels) not in (0, len(c.ranks) - 1)
+                or not all(0 <= ch < channels for ch in c.channels)
+            ):
+                raise CollectiveError(f"rank {rank}: all_to_all: the shared plan has a bad chain {c} for rank {src} -> rank {dst}")
 
 
 def _decode(words: Sequence[float], n: int) -> tuple[tuple[Chain, ...], ...]:
