@@ -93,7 +93,8 @@ def test_given_schedule_is_the_topocoll_series(capsys, flat4, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--collective", "alltoall"], "unknown collective 'alltoall'"),
+        (["--collective", "alltoall"], "an alltoall is routed from its traffic matrix"),
+        (["--collective", "gather"], "unknown collective 'gather'"),
         (["--collective", "allreduce", "--sizes", "1G:1K"], "> 1024"),
         (["--collective", "allreduce", "--ranks", "host0,nope"], "'nope' is not a compute node"),
         (["--collective", "allreduce", "--ranks", "9"], "has 4 compute nodes"),

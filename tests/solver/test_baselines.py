@@ -19,7 +19,7 @@ from topocoll.solver.baselines import (
     ring,
     ring_order,
 )
-from topocoll.solver.schedule import Collective, Op, Transfer
+from topocoll.solver.schedule import SYNTHESIZED, Collective, Op, Transfer
 from topocoll.solver.verify import verify
 from topocoll.topo.model import LinkKind, Node, NodeKind, TopologyBuilder
 
@@ -48,7 +48,7 @@ def test_every_baseline_verifies(baseline, topo_name):
     topo = TOPOLOGIES[topo_name]
     build = BASELINES[baseline]
     for ranks in _subsets(topo):
-        for collective in Collective:
+        for collective in SYNTHESIZED:
             roots = (0, len(ranks) - 1, len(ranks) // 2) if collective.is_rooted else (None,)
             for root in roots:
                 sched = build(topo, collective, ranks, root=root)
@@ -61,7 +61,7 @@ def test_every_baseline_verifies(baseline, topo_name):
 def test_single_rank_schedules_are_empty_and_valid():
     topo = H.nvswitch_box(2)
     for build in BASELINES.values():
-        for collective in Collective:
+        for collective in SYNTHESIZED:
             sched = build(topo, collective, ["gpu1"])
             assert sched.steps == () and verify(sched, topo).ok
 
@@ -183,7 +183,7 @@ def test_baselines_verify_on_random_topologies(topo, data):
     ranks = ranks[: data.draw(st.integers(2, len(ranks)))]
     # Compute nodes outside the ranks do not forward: the subset must connect without them.
     assume(H.ranks_connected(topo, ranks))
-    collective = data.draw(st.sampled_from(list(Collective)))
+    collective = data.draw(st.sampled_from(list(SYNTHESIZED)))
     root = data.draw(st.integers(0, len(ranks) - 1)) if collective.is_rooted else None
     for build in BASELINES.values():
         sched = build(topo, collective, ranks, root=root)
@@ -216,7 +216,7 @@ def _mutants(sched, topo, data):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=random_topologies(), data=st.data())
 def test_verifier_rejects_mutated_baselines(topo, data):
-    collective = data.draw(st.sampled_from(list(Collective)))
+    collective = data.draw(st.sampled_from(list(SYNTHESIZED)))
     build = BASELINES[data.draw(st.sampled_from(sorted(BASELINES)))]
     sched = build(topo, collective, root=0 if collective.is_rooted else None)
     if not sched.steps:
@@ -241,7 +241,7 @@ def test_baselines_survive_the_json_round_trip():
 
     topo = H.cluster(2, 2)
     for build in BASELINES.values():
-        for collective in Collective:
+        for collective in SYNTHESIZED:
             sched = build(topo, collective, root=1 if collective.is_rooted else None)
             again = Schedule.from_json(sched.to_json())
             assert again == sched

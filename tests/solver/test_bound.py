@@ -22,7 +22,7 @@ from tests.solver import helpers as H
 from topocoll.errors import ScheduleError, SolverError, TopocollError, TopologyError
 from topocoll.solver.bound import cut_bound
 from topocoll.solver.planner import plan_collective
-from topocoll.solver.schedule import Collective
+from topocoll.solver.schedule import SYNTHESIZED, Collective
 from topocoll.topo.bandwidth import nvlink_bw_bytes_per_s
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
 from topocoll.topo.presets import build_preset
@@ -301,7 +301,7 @@ def test_duplicate_ranks():
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # no NaN capacities on the way to the error
-@pytest.mark.parametrize("collective", list(Collective))
+@pytest.mark.parametrize("collective", list(SYNTHESIZED))
 def test_ranks_joined_only_through_an_idle_gpu(collective):
     # gpu0 - gpu1 - gpu2 in a line; with gpu1 not a rank, gpu0 and gpu2 cannot exchange data.
     topo = H.gpu_chain(3)

@@ -1,4 +1,4 @@
-"""``topocoll route``: the table, the routing file, matrix files, and their refusals."""
+"""``topocoll route``: the table, the schedule file (checked by ``topocoll verify``), matrix files, and their refusals."""
 
 from __future__ import annotations
 
@@ -38,14 +38,34 @@ def test_pattern_table_and_routing_file(capsys, cluster, tmp_path):
     ratios = {m: float(r) for m, r in methods}
     assert ratios["lp"] >= 1.0 and ratios["lp"] <= ratios["single_path"]
     data = json.loads(out_path.read_text())
-    assert data["format"] == "topocoll.routing/1" and data["method"] == "lp"
+    assert data["format"] == "topocoll.schedule/1" and data["collective"] == "alltoall" and data["name"] == "lp"
     matrix = np.asarray(data["matrix_bytes"])
     np.testing.assert_allclose(matrix, traffic.traffic_matrix("hot", 16, 16 << 20))
-    delivered = np.zeros_like(matrix)
-    for split in data["splits"]:
-        assert split["path"][0] == data["ranks"][split["src"]] and split["path"][-1] == data["ranks"][split["dst"]]
-        delivered[split["src"], split["dst"]] += split["bytes"]
-    np.testing.assert_allclose(delivered, matrix, rtol=1e-6)
+    # every pair's block is covered by its chunks, and the last leg of each chunk reaches its pair's destination
+    covered = np.zeros_like(matrix)
+    for chunk in data["chunks"]:
+        covered[chunk["src"], chunk["dst"]] += chunk["size"]
+    np.testing.assert_allclose(covered, (matrix > 0).astype(float), atol=1e-12)
+    arrivals = {t["chunk"] for step in data["steps"] for t in step if t["dst"] == next(c["dst"] for c in data["chunks"] if c["id"] == t["chunk"])}
+    assert arrivals == {c["id"] for c in data["chunks"]}
+
+    status, out, err = _run(capsys, ["verify", str(out_path), "--topology", str(cluster), "--size", "16M"])
+    assert status == 0, err
+    assert re.search(r"^correct\s+yes$", out, re.MULTILINE)
+    percent = float(re.search(r"^bandwidth .* ([\d.]+) % of bound", out, re.MULTILINE).group(1))
+    assert percent == pytest.approx(100.0 / ratios["lp"], rel=0.02)  # the table's ratio, printed to 2 digits
+
+
+def test_verify_refuses_a_tampered_alltoall_schedule(capsys, cluster, tmp_path):
+    out_path = tmp_path / "r.json"
+    status, _, err = _run(capsys, ["route", "--topology", str(cluster), "--pattern", "zipf", "--bytes-per-rank", "4M", "-o", str(out_path)])
+    assert status == 0, err
+    data = json.loads(out_path.read_text())
+    data["steps"][0].append(dict(data["steps"][0][0]))  # one chunk sent twice in one step
+    out_path.write_text(json.dumps(data))
+    status, out, _ = _run(capsys, ["verify", str(out_path), "--topology", str(cluster)])
+    assert status == 1
+    assert "is also written by transfer 0 of this step" in out
 
 
 @pytest.mark.parametrize(("name", "text"), [("m.csv", "0, 1M\n2M, 0\n"), ("m.json", "[[0, 1048576], [2097152, 0]]")])

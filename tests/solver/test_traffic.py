@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from topocoll.errors import SolverError
+from topocoll.errors import RequestError, SolverError
 from topocoll.solver import traffic as T
+from topocoll.solver.request import check_request
+from topocoll.solver.schedule import Collective
+from topocoll.solver.verify import verify
 from topocoll.topo.cluster import make_cluster
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
 from topocoll.topo.presets import build_preset
@@ -92,6 +95,11 @@ def test_every_routing_delivers_and_none_beats_the_bound(name):
     for routing in routings:
         _check_routing(topo, ranks, matrix, routing)
         assert routing.time_s >= bound * (1 - 1e-9), routing.method
+        # as a schedule, the verifier replays it and finds the routing's own busiest link
+        schedule = T.routing_schedule(routing, topo, matrix)
+        result = verify(schedule, topo, size_bytes=schedule.reference_bytes)
+        assert result.ok, (routing.method, result.errors)
+        assert result.t_bw_s == pytest.approx(routing.time_s, rel=1e-9), routing.method
     optimum = routings[0]
     assert optimum.optimal
     assert all(optimum.time_s <= r.time_s * (1 + 1e-6) for r in routings[1:])
@@ -118,6 +126,12 @@ def test_no_traffic_routes_nothing():
     topo = _two_paths()
     routing = T.route_lp(topo, topo.compute_nodes(), [[0, 0], [0, 0]])
     assert routing.splits == () and routing.time_s == 0.0
+
+
+def test_alltoall_is_routed_not_synthesized():
+    topo = _two_paths()
+    with pytest.raises(RequestError, match="use 'topocoll route'"):
+        check_request(topo, Collective.ALLTOALL, topo.compute_nodes(), None)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import time
 
 import pytest
@@ -175,3 +177,79 @@ def test_1024_ranks_recursive_doubling_written_by_hand():
     short = dataclasses.replace(sched, steps=sched.steps[:-1])
     result = verify(short, big)
     assert result.error_count == 1024 and "lacks the contributions of ranks 512" in result.errors[0]
+
+
+# ------------------------------------------------------------------------------ all-to-all
+# On the chain gpu0 - gpu1 - gpu2, rank 0 sends 2 MB to rank 1 and 4 MB to rank 2 (relayed by
+# rank 1, in two halves), rank 1 sends 1 MB to rank 0.
+MATRIX = ((0.0, 2e6, 4e6), (1e6, 0.0, 0.0), (0.0, 0.0, 0.0))
+PAIR_CHUNKS = (Chunk(0, 0.0, 1.0, 0, 1), Chunk(1, 0.0, 0.5, 0, 2), Chunk(2, 0.5, 0.5, 0, 2), Chunk(3, 0.0, 1.0, 1, 0))
+RELAYED = (
+    [_t(0, 1, 0, C), _t(0, 1, 1, C), _t(0, 1, 2, C), _t(1, 0, 3, C)],
+    [_t(1, 2, 1, C), _t(1, 2, 2, C)],
+)
+
+
+def _alltoall(steps, chunks=PAIR_CHUNKS, matrix=MATRIX) -> Schedule:
+    return Schedule(Collective.ALLTOALL, RANKS, None, CHAIN.digest(), tuple(chunks), tuple(tuple(s) for s in steps), "hand", matrix)
+
+
+def test_hand_written_alltoall_with_a_relay_is_valid_and_weighs_chunks_by_their_pair():
+    schedule = _alltoall(RELAYED)
+    assert schedule.reference_bytes == 6e6  # rank 0 sends the most
+    result = verify(schedule, CHAIN, size_bytes=6e6)
+    assert result.ok, result.errors
+    # gpu0 -> gpu1 carries all 6 MB rank 0 sends, gpu1 -> gpu2 the 4 MB relayed, gpu1 -> gpu0 1 MB
+    bw = CHAIN.capacity("gpu0", "gpu1")
+    assert result.link_load[("gpu0", "gpu1")] == pytest.approx(1.0)
+    assert result.link_load[("gpu1", "gpu2")] == pytest.approx(4 / 6)
+    assert result.link_load[("gpu1", "gpu0")] == pytest.approx(1 / 6)
+    assert result.t_bw_s == pytest.approx(6e6 / bw)
+    assert result.bottleneck_link == ("gpu0", "gpu1")
+
+
+@pytest.mark.parametrize(
+    ("steps", "fragment"),
+    [
+        ((RELAYED[1], RELAYED[0]), "rank 1 sends chunk 1 but holds nothing for it"),
+        ((RELAYED[0], RELAYED[1][:1]), "rank 2 never receives chunk 2 (of rank 0 -> rank 2)"),
+        ((*RELAYED, [_t(1, 2, 1, C)]), "rank 2 receives 2 times chunk 1"),
+        (([*RELAYED[0][:3], _t(1, 0, 3, R)], RELAYED[1]), "an all-to-all only copies"),
+        (([*RELAYED[0], _t(0, 1, 0, C)], RELAYED[1]), "rank 1 chunk 0 is also written by transfer 0 of this step"),
+    ],
+    ids=["relay-before-it-holds", "lost-piece", "delivered-twice", "reduce", "two-writes-in-a-step"],
+)
+def test_alltoall_errors_are_named(steps, fragment):
+    result = verify(_alltoall(steps), CHAIN)
+    assert not result.ok
+    assert any(fragment in e for e in result.errors), result.errors
+
+
+@pytest.mark.parametrize(
+    ("chunks", "matrix", "fragment"),
+    [
+        (PAIR_CHUNKS[:2] + PAIR_CHUNKS[3:], MATRIX, "rank 0 -> rank 2: chunks end at 0.5"),
+        (PAIR_CHUNKS[:3], MATRIX, "rank 1 -> rank 0 has 1e+06 bytes and no chunks"),
+        ((*PAIR_CHUNKS[:3], Chunk(3, 0.0, 1.0)), MATRIX, "chunk 3 must name its pair"),
+        (PAIR_CHUNKS, MATRIX[:2], "matrix_bytes must be 3 x 3"),
+        (PAIR_CHUNKS, ((0.0, 2e6, 4e6), (1e6, 0.0, 0.0), (0.0, -1.0, 0.0)), "matrix_bytes[2][1] = -1.0"),
+        ((*PAIR_CHUNKS, Chunk(4, 0.0, 1.0, 2, 0)), MATRIX, "chunk 4 is of rank 2 -> rank 0, which has no bytes"),
+    ],
+)
+def test_alltoall_records_refuse_blocks_that_are_not_tiled(chunks, matrix, fragment):
+    with pytest.raises(ScheduleError, match=re.escape(fragment)):
+        _alltoall(RELAYED[:1], chunks, matrix)
+
+
+def test_pairs_and_matrices_belong_to_alltoall_only():
+    with pytest.raises(ScheduleError, match="only an all-to-all carries a traffic matrix"):
+        Schedule(Collective.ALLGATHER, RANKS, None, "", THIRDS, (), "", MATRIX)
+    with pytest.raises(ScheduleError, match="chunks name no pair"):
+        _sched(Collective.ALLREDUCE, [], chunks=(Chunk(0, 0.0, 1.0, 0, 1),))
+
+
+def test_alltoall_schedule_json_round_trip():
+    schedule = _alltoall(RELAYED)
+    again = Schedule.from_json(schedule.to_json(), "a2a.json")
+    assert again == schedule
+    assert json.loads(schedule.to_json())["chunks"][1] == {"id": 1, "offset": 0.0, "size": 0.5, "src": 0, "dst": 2}

@@ -289,6 +289,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         root = args.root
         if collective.is_rooted and not (root is not None and 0 <= root < len(ranks)):  # the flag, named
             raise BenchArgumentError(f"--root {root} is not a rank of {len(ranks)} (0..{len(ranks) - 1})")
+    if collective.is_routed:
+        raise BenchArgumentError(
+            f"simulate predicts the synthesized collectives; an {collective.value} is routed from its traffic matrix: "
+            "'topocoll route' prints its times next to the bound, 'topocoll verify' those of a schedule file"
+        )
     baselines = () if args.baselines.strip().lower() == "none" else tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     report = simulate_report(
         topology,

@@ -88,7 +88,7 @@ def step_costs(schedule: Schedule, topology: Topology) -> tuple[StepCost, ...]:
     ScheduleError
         A path is not a route of the topology (run the verifier for a full report).
     """
-    sizes = {c.id: c.size for c in schedule.chunks}
+    sizes = schedule.chunk_fractions()
     resolved: dict[tuple[str, ...], tuple[tuple[tuple[str, str], ...], float]] = {}
     bw = {(link.src, link.dst): link.bw_bytes_per_s for link in topology.links}
     costs = []

@@ -11,7 +11,7 @@ from topocoll.fileio import check_output_path, write_atomic
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.lp import SOLVERS
 from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective
-from topocoll.solver.schedule import Collective, load_schedule
+from topocoll.solver.schedule import Collective, Schedule, load_schedule
 from topocoll.solver.synthesize import SynthesisOptions
 from topocoll.solver.verify import require_topology_digest, verify
 from topocoll.topo.io import load_topology
@@ -175,7 +175,7 @@ def run_verify(args: argparse.Namespace) -> int:
         for error in result.errors:
             print(f"{'':<12}{error}")
         return 1
-    bound = cut_bound(topology, schedule.collective, schedule.ranks, schedule.root)
+    bound = _schedule_bound(schedule, topology)
     print(f"{'correct':<12}yes")
     print(f"{'T_bw':<12}{format_time(result.t_bw_s)} at {format_size(size)}"
           + (f" (bottleneck {result.bottleneck_link[0]} -> {result.bottleneck_link[1]})" if result.bottleneck_link else ""))
@@ -183,3 +183,14 @@ def run_verify(args: argparse.Namespace) -> int:
     print(_bandwidth_line("bandwidth", size, result.t_bw_s, bound))
     print(f"{'bound':<12}algbw {format_bandwidth(bound.algbw_bytes_per_s):>12}")
     return 0
+
+
+def _schedule_bound(schedule: Schedule, topology: Topology) -> Bound:
+    """The cut bound a verified schedule is measured against; an all-to-all's is its matrix's
+    (:func:`topocoll.solver.traffic.traffic_bound`) per byte of the schedule's buffer size."""
+    if not schedule.collective.is_routed:
+        return cut_bound(topology, schedule.collective, schedule.ranks, schedule.root)
+    from topocoll.solver.traffic import traffic_bound  # numpy and scipy, only for an all-to-all
+
+    found = traffic_bound(topology, schedule.ranks, schedule.matrix_bytes)
+    return Bound(schedule.collective, schedule.ranks, found.time_s / (schedule.reference_bytes or 1.0), found.cut)

@@ -40,7 +40,7 @@ def check_request(
     Raises
     ------
     RequestError
-        Too few ranks, repeated ranks, rank nodes that are not GPUs or hosts, or (for broadcast
+        An all-to-all (routed from its traffic matrix by :mod:`topocoll.solver.traffic`), too few ranks, repeated ranks, rank nodes that are not GPUs or hosts, or (for broadcast
         and reduce) a root that is not one of the ranks.
     TopologyError
         A rank that is not a node of the topology.
@@ -61,6 +61,8 @@ def check_request(
     topocoll.errors.RequestError: broadcast: root must be a rank in 0..1, got 2
     """
     ranks = tuple(ranks)
+    if collective.is_routed:
+        raise RequestError(f"{collective.value} moves a traffic matrix, it is routed, not synthesized: use 'topocoll route'")
     if len(ranks) < min_ranks:
         raise RequestError(f"a collective needs at least {min_ranks} rank{'s' if min_ranks > 1 else ''}, got {len(ranks)}")
     if len(set(ranks)) != len(ranks):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import time
 from collections.abc import Sequence
 
@@ -19,8 +18,6 @@ from topocoll.solver.cli import rank_nodes
 from topocoll.topo.io import load_topology
 from topocoll.topo.model import Topology
 from topocoll.units import format_time, parse_size
-
-ROUTING_FORMAT = "topocoll.routing/1"
 
 MATRIX_LIMIT_BYTES = 64 * fileio.MIB
 """Largest matrix file read: 8192 ranks of 8-byte numbers as text stay far below it."""
@@ -36,7 +33,9 @@ or CSV (one row per line; sizes may carry K/M/G suffixes). Every method is print
 bandwidth time (the busiest link's load over its bandwidth) and its ratio to the cut bound:
 lp (the optimum, multi-path with relays), fast (the per-step method), single_path (one widest
 route per pair, as NCCL sends) and direct (no relay through another rank). -o writes the routing
-of --method (default lp) as JSON.
+of --method (default lp) as an all-to-all schedule (topocoll.schedule/1 JSON, collective
+alltoall, the matrix included), which 'topocoll verify' checks: every pair's bytes delivered
+exactly once, every path a route of the topology.
 """
 
 
@@ -61,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hot-rank", type=int, default=0, metavar="R", help="the hot expert of --pattern hot (default 0)")
     p.add_argument("--seed", type=int, default=0, help="order of --pattern zipf's destinations (default 0)")
     p.add_argument("--method", choices=("lp", "fast", "single_path", "direct"), default="lp", help="the routing -o writes (default lp)")
-    p.add_argument("-o", "--output", metavar="ROUTING.json", help="write the routing of --method")
+    p.add_argument("-o", "--output", metavar="SCHEDULE.json", help="write the routing of --method as an all-to-all schedule")
     p.set_defaults(func=run_route)
 
 
@@ -106,21 +105,6 @@ def _bytes(cell: object) -> float:
         return float(parse_size(text, "bytes"))
 
 
-def routing_json(routing: traffic.Routing, topology: Topology, bound: traffic.TrafficBound, matrix: np.ndarray) -> dict:
-    """The routing as ``topocoll.routing/1`` JSON: ranks, the matrix, every split with its path."""
-    return {
-        "format": ROUTING_FORMAT,
-        "topology_digest": topology.digest(),
-        "method": routing.method,
-        "ranks": list(routing.ranks),
-        "matrix_bytes": matrix.tolist(),
-        "time_s": routing.time_s,
-        "bound_time_s": bound.time_s,
-        "bottleneck": list(routing.bottleneck),
-        "splits": [{"src": s.src, "dst": s.dst, "bytes": s.bytes, "path": list(s.path)} for s in routing.splits],
-    }
-
-
 def run_route(args: argparse.Namespace) -> int:
     """Handler of ``topocoll route``."""
     if args.output:
@@ -151,7 +135,7 @@ def run_route(args: argparse.Namespace) -> int:
         )
     if args.output:
         chosen = routings[args.method]
-        write_atomic(args.output, json.dumps(routing_json(chosen, topology, bound, matrix), indent=1, sort_keys=True) + "\n")
+        write_atomic(args.output, traffic.routing_schedule(chosen, topology, matrix).to_json())
         print(f"{'wrote':<12}{args.output} ({args.method})")
     return 0
 

@@ -1,4 +1,4 @@
-"""The schedule IR (contract 2 of the design, ``topocoll.schedule/1``).
+"""The schedule IR (contract 2 of the design, ``topocoll.schedule/1``; all-to-all as the README extends it).
 
 A :class:`Schedule` names the collective, the topology nodes its ranks run on, how the buffer is
 cut into chunks, and a list of steps. Transfers inside one step run concurrently and read the
@@ -15,7 +15,7 @@ import enum
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,15 +33,22 @@ class Collective(str, enum.Enum):
     ALLGATHER = "allgather"
     BROADCAST = "broadcast"
     REDUCE = "reduce"
+    ALLTOALL = "alltoall"
 
     @property
     def is_rooted(self) -> bool:
         """Broadcast and reduce have a root rank."""
         return self in (Collective.BROADCAST, Collective.REDUCE)
 
+    @property
+    def is_routed(self) -> bool:
+        """All-to-all moves a traffic matrix, pair by pair: it is routed
+        (:mod:`topocoll.solver.traffic`), not synthesized from the cut bound."""
+        return self is Collective.ALLTOALL
+
     @classmethod
     def parse(cls, text: str) -> "Collective":
-        """Accept ``allreduce``, ``all_reduce``, ``all-reduce``, ``reducescatter`` and friends."""
+        """Accept ``allreduce``, ``all_reduce``, ``all-reduce``, ``reducescatter``, ``all_to_all`` and friends."""
         if isinstance(text, cls):
             return text
         key = str(text).lower().replace("-", "").replace("_", "")
@@ -50,6 +57,10 @@ class Collective(str, enum.Enum):
                 return member
         allowed = ", ".join(m.value for m in cls)
         raise ScheduleError(f"unknown collective {text!r}; expected one of {allowed}")
+
+
+SYNTHESIZED = tuple(c for c in Collective if not c.is_routed)
+"""The collectives the cut bound, synthesis, the planner and the baselines handle."""
 
 
 class Op(str, enum.Enum):
@@ -61,15 +72,24 @@ class Op(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """A contiguous fraction ``[offset, offset + size)`` of the buffer (fractions in [0, 1])."""
+    """A contiguous fraction ``[offset, offset + size)`` of the buffer (fractions in [0, 1]).
+
+    In an all-to-all the buffer is one pair's block: ``src`` and ``dst`` name the pair whose
+    block (the bytes rank ``src`` sends rank ``dst``) the fraction is of. Other collectives
+    leave them None.
+    """
 
     id: int
     offset: float
     size: float
+    src: int | None = None
+    dst: int | None = None
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.offset <= 1.0 and 0.0 < self.size <= 1.0 + 1e-12):
             raise ScheduleError(f"chunk {self.id}: offset {self.offset} / size {self.size} outside [0, 1]")
+        if (self.src is None) != (self.dst is None) or (self.src is not None and self.src == self.dst):
+            raise ScheduleError(f"chunk {self.id}: src {self.src} and dst {self.dst} must both be given and differ, or neither")
 
     @property
     def end(self) -> float:
@@ -116,6 +136,10 @@ class Schedule:
     steps : tuple of tuple of Transfer
     name : str
         Which algorithm produced it (``"lp"``, ``"ring"``, ...), for reports.
+    matrix_bytes : tuple of tuple of float, optional
+        All-to-all only: the traffic it was routed for, ``matrix_bytes[i][j]`` bytes from rank i
+        to rank j. Its chunks carry their pair, and each pair with bytes has chunks tiling its
+        block; the schedule's buffer size S is the largest row sum (the most a rank sends).
     """
 
     collective: Collective
@@ -125,6 +149,7 @@ class Schedule:
     chunks: tuple[Chunk, ...]
     steps: tuple[tuple[Transfer, ...], ...]
     name: str = ""
+    matrix_bytes: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ranks)
@@ -136,13 +161,14 @@ class Schedule:
         ids = [c.id for c in self.chunks]
         if len(set(ids)) != len(ids):
             raise ScheduleError("chunk ids must be unique")
-        position = 0.0
-        for chunk in sorted(self.chunks, key=lambda c: c.offset):
-            if not math.isclose(chunk.offset, position, abs_tol=1e-9):
-                raise ScheduleError(f"chunk {chunk.id} starts at {chunk.offset}, expected {position}: chunks must tile [0, 1)")
-            position = chunk.end
-        if self.chunks and not math.isclose(position, 1.0, abs_tol=1e-9):
-            raise ScheduleError(f"chunks end at {position}, expected 1: chunks must tile [0, 1)")
+        if self.collective.is_routed:
+            self._check_pair_chunks()
+        else:
+            if self.matrix_bytes is not None:
+                raise ScheduleError(f"{self.collective.value}: only an all-to-all carries a traffic matrix")
+            if any(c.src is not None for c in self.chunks):
+                raise ScheduleError(f"{self.collective.value}: chunks name no pair (src/dst), only an all-to-all's do")
+            _check_tiling(self.chunks, "")
         known = set(ids)
         for s, step in enumerate(self.steps):
             for t in step:
@@ -155,6 +181,45 @@ class Schedule:
                         f"step {s}: transfer {t.src}->{t.dst} path {'-'.join(t.path)} must run "
                         f"from {self.ranks[t.src]} to {self.ranks[t.dst]}"
                     )
+
+    def _check_pair_chunks(self) -> None:
+        """An all-to-all's matrix is n x n bytes, and each pair with bytes has chunks tiling its block."""
+        n = len(self.ranks)
+        matrix = self.matrix_bytes
+        if matrix is None or len(matrix) != n or any(len(row) != n for row in matrix):
+            raise ScheduleError(f"alltoall: matrix_bytes must be {n} x {n} (bytes from rank i to rank j)")
+        for i, row in enumerate(matrix):
+            for j, value in enumerate(row):
+                if not (math.isfinite(value) and value >= 0):
+                    raise ScheduleError(f"alltoall: matrix_bytes[{i}][{j}] = {value} is not a byte count")
+        by_pair: dict[tuple[int, int], list[Chunk]] = {}
+        for c in self.chunks:
+            if c.src is None or c.dst is None or not (0 <= c.src < n and 0 <= c.dst < n):
+                raise ScheduleError(f"alltoall: chunk {c.id} must name its pair (src, dst), ranks in 0..{n - 1}")
+            by_pair.setdefault((c.src, c.dst), []).append(c)
+        for i, row in enumerate(matrix):
+            for j, value in enumerate(row):
+                if i != j and value > 0 and (i, j) not in by_pair:
+                    raise ScheduleError(f"alltoall: rank {i} -> rank {j} has {value:g} bytes and no chunks")
+        for (i, j), chunks in by_pair.items():
+            if matrix[i][j] <= 0:
+                raise ScheduleError(f"alltoall: chunk {chunks[0].id} is of rank {i} -> rank {j}, which has no bytes")
+            _check_tiling(chunks, f"rank {i} -> rank {j}: ")
+
+    @property
+    def reference_bytes(self) -> float | None:
+        """All-to-all: the buffer size S its matrix stands for, the largest row sum; else None."""
+        if self.matrix_bytes is None:
+            return None
+        return max((sum(row) for row in self.matrix_bytes), default=0.0)
+
+    def chunk_fractions(self) -> dict[int, float]:
+        """Each chunk's size as a fraction of the buffer S: its ``size``, or in an all-to-all its
+        share of its pair's block scaled by the block's bytes over :attr:`reference_bytes`."""
+        if self.matrix_bytes is None:
+            return {c.id: c.size for c in self.chunks}
+        scale = self.reference_bytes or 1.0
+        return {c.id: c.size * self.matrix_bytes[c.src][c.dst] / scale for c in self.chunks}
 
     @property
     def world_size(self) -> int:
@@ -177,14 +242,14 @@ class Schedule:
     # ------------------------------------------------------------------------------ JSON
     def to_json_dict(self) -> dict[str, Any]:
         """Contract-2 JSON data."""
-        return {
+        data: dict[str, Any] = {
             "format": FORMAT,
             "collective": self.collective.value,
             "name": self.name,
             "ranks": list(self.ranks),
             "root": self.root,
             "topology_digest": self.topology_digest,
-            "chunks": [{"id": c.id, "offset": c.offset, "size": c.size} for c in self.chunks],
+            "chunks": [_chunk_json(c) for c in self.chunks],
             "steps": [
                 [
                     {"src": t.src, "dst": t.dst, "chunk": t.chunk, "op": t.op.value, "path": list(t.path)}
@@ -193,6 +258,9 @@ class Schedule:
                 for step in self.steps
             ],
         }
+        if self.matrix_bytes is not None:
+            data["matrix_bytes"] = [list(row) for row in self.matrix_bytes]
+        return data
 
     def to_json(self) -> str:
         """Canonical JSON text."""
@@ -211,10 +279,13 @@ class Schedule:
             root = data.get("root")
             if root is not None and (isinstance(root, bool) or not isinstance(root, int)):
                 raise ScheduleError(f"root must be an integer, got {root!r}")
-            chunks = tuple(
-                Chunk(_int(c["id"], f"chunks[{i}].id"), _num(c["offset"], f"chunks[{i}].offset"), _num(c["size"], f"chunks[{i}].size"))
-                for i, c in enumerate(_list(data["chunks"], "chunks"))
-            )
+            chunks = tuple(_chunk(c, f"chunks[{i}]") for i, c in enumerate(_list(data["chunks"], "chunks")))
+            matrix = data.get("matrix_bytes")
+            if matrix is not None:
+                matrix = tuple(
+                    tuple(_num(v, f"matrix_bytes[{i}][{j}]") for j, v in enumerate(_list(row, f"matrix_bytes[{i}]")))
+                    for i, row in enumerate(_list(matrix, "matrix_bytes"))
+                )
             steps = tuple(
                 tuple(_transfer(t, f"steps[{s}][{k}]") for k, t in enumerate(_list(step, f"steps[{s}]")))
                 for s, step in enumerate(_list(data["steps"], "steps"))
@@ -227,6 +298,7 @@ class Schedule:
                 chunks=chunks,
                 steps=steps,
                 name=str(data.get("name", "")),
+                matrix_bytes=matrix,
             )
         except KeyError as exc:
             raise ScheduleError(f"{source}: missing field {exc.args[0]!r}") from None
@@ -279,6 +351,31 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
     """
     source = str(path)
     return Schedule.from_json(fileio.read_input(path, fileio.SCHEDULE_LIMIT_BYTES, "schedule file"), source=source)
+
+
+def _check_tiling(chunks: Sequence[Chunk], where: str) -> None:
+    """``chunks`` cover [0, 1) exactly once (``where`` prefixes the message: a pair's block)."""
+    position = 0.0
+    for chunk in sorted(chunks, key=lambda c: c.offset):
+        if not math.isclose(chunk.offset, position, abs_tol=1e-9):
+            raise ScheduleError(f"{where}chunk {chunk.id} starts at {chunk.offset}, expected {position}: chunks must tile [0, 1)")
+        position = chunk.end
+    if chunks and not math.isclose(position, 1.0, abs_tol=1e-9):
+        raise ScheduleError(f"{where}chunks end at {position}, expected 1: chunks must tile [0, 1)")
+
+
+def _chunk_json(c: Chunk) -> dict[str, Any]:
+    data: dict[str, Any] = {"id": c.id, "offset": c.offset, "size": c.size}
+    if c.src is not None:
+        data["src"], data["dst"] = c.src, c.dst
+    return data
+
+
+def _chunk(entry: Any, where: str) -> Chunk:
+    if not isinstance(entry, Mapping):
+        raise ScheduleError(f"{where} must be an object")
+    pair = [None if entry.get(k) is None else _int(entry[k], f"{where}.{k}") for k in ("src", "dst")]
+    return Chunk(_int(entry["id"], f"{where}.id"), _num(entry["offset"], f"{where}.offset"), _num(entry["size"], f"{where}.size"), *pair)
 
 
 def _list(value: Any, where: str) -> list:

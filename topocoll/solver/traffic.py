@@ -20,7 +20,8 @@ Four routings, each a :class:`Routing`:
   (:mod:`topocoll.solver.routing`), relays through other ranks allowed.
 - :func:`route_direct`: every pair on the widest path that relays through no other rank.
 
-:func:`traffic_bound` is a lower bound of every routing: over a family of cuts (ranks, hosts,
+:func:`routing_schedule` writes a routing as an all-to-all schedule (contract 2), which the
+verifier checks like any other. :func:`traffic_bound` is a lower bound of every routing: over a family of cuts (ranks, hosts,
 the parts a forwarding node separates), the bytes that must cross a cut over the cut's
 bandwidth. The LP optimum is at least that bound, and equal to it when one of those cuts binds.
 
@@ -42,6 +43,7 @@ from topocoll.errors import SolverError
 from topocoll.solver import lp
 from topocoll.solver.link_arrays import LinkArrays, link_arrays
 from topocoll.solver.routing import route_table, widest_path
+from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.topo.model import NodeKind, Topology
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "route_fast",
     "route_lp",
     "route_single_path",
+    "routing_schedule",
     "traffic_bound",
     "traffic_matrix",
     "PATTERNS",
@@ -592,6 +595,56 @@ def _prune(flows: np.ndarray, pair_ids: np.ndarray, demand: np.ndarray) -> np.nd
     counts = np.diff(np.r_[starts, len(pair_ids)])
     per_path_total = np.repeat(totals, counts)
     return np.where(per_path_total > 0, kept * demand[pair_ids] / np.maximum(per_path_total, 1e-300), flows)
+
+
+# ------------------------------------------------------------------------------ as a schedule
+def routing_schedule(routing: Routing, topology: Topology, matrix: Sequence[Sequence[float]]) -> Schedule:
+    """``routing`` as an all-to-all schedule (contract 2, collective ``alltoall``).
+
+    Each split becomes one chunk of its pair's block (a pair's chunks in split order tile the
+    block); a split whose path meets other ranks is relayed by them, one transfer per leg, leg k
+    in step k. The schedule carries ``matrix`` as its ``matrix_bytes``, so that
+    :func:`topocoll.solver.verify.verify` weighs each chunk by its pair's bytes.
+
+    Examples
+    --------
+    >>> from topocoll.topo.discover import flat_topology
+    >>> topo = flat_topology(2)
+    >>> matrix = [[0, 4e6], [2e6, 0]]
+    >>> schedule = routing_schedule(route_direct(topo, topo.compute_nodes(), matrix), topo, matrix)
+    >>> [(c.src, c.dst, c.size) for c in schedule.chunks], len(schedule.steps)
+    ([(0, 1, 1.0), (1, 0, 1.0)], 1)
+    """
+    n = len(routing.ranks)
+    demand = check_matrix(matrix, n)
+    index = {node: r for r, node in enumerate(routing.ranks)}
+    by_pair: dict[tuple[int, int], list[PathSplit]] = {}
+    for split in routing.splits:
+        by_pair.setdefault((split.src, split.dst), []).append(split)
+    chunks: list[Chunk] = []
+    steps: list[list[Transfer]] = []
+    for (src, dst), splits in sorted(by_pair.items()):
+        offset = 0.0
+        for k, split in enumerate(splits):
+            size = 1.0 - offset if k == len(splits) - 1 else split.bytes / demand[src, dst]  # the last closes the block exactly
+            chunk = Chunk(len(chunks), offset, size, src, dst)
+            chunks.append(chunk)
+            offset += size
+            meets = [k for k, node in enumerate(split.path) if node in index]  # where the path meets a rank
+            for leg, (a, b) in enumerate(zip(meets, meets[1:])):
+                if leg == len(steps):
+                    steps.append([])
+                steps[leg].append(Transfer(index[split.path[a]], index[split.path[b]], chunk.id, Op.COPY, split.path[a : b + 1]))
+    return Schedule(
+        collective=Collective.ALLTOALL,
+        ranks=tuple(routing.ranks),
+        root=None,
+        topology_digest=topology.digest(),
+        chunks=tuple(chunks),
+        steps=tuple(tuple(step) for step in steps),
+        name=routing.method,
+        matrix_bytes=tuple(tuple(float(v) for v in row) for row in demand),
+    )
 
 
 # ------------------------------------------------------------------------------ the bound

@@ -30,6 +30,10 @@ every rank holds every chunk from its owner; reduce-scatter — each rank holds 
 its own shard reduced over all ranks; broadcast — every rank holds every chunk from the root;
 reduce — the root holds every chunk reduced over all ranks.
 
+An all-to-all is replayed on copies alone: chunk c of pair (i, j) starts at rank i, any rank
+holding it may forward it (relays), and rank j must receive it exactly once; reduces are
+errors. Its link loads weigh each chunk by its pair's bytes (:meth:`Schedule.chunk_fractions`).
+
 Structure: the topology digest must match (unless the schedule's is empty; files read by the
 command-line tools must have one, see :func:`require_topology_digest`), every rank must be
 a compute node of the topology, the chunks must tile [0, 1) (and, for allgather and
@@ -182,9 +186,11 @@ def verify(
             errors.add(f"rank {r}: node {node} is a {graph.nodes[node]['record'].kind.value}, not a gpu/host")
 
     chunks = sorted(schedule.chunks, key=lambda c: c.offset)
-    _check_chunks(schedule, chunks, errors)
+    if not schedule.collective.is_routed:  # an all-to-all's pair blocks were tiled when it was built
+        _check_chunks(schedule, chunks, errors)
     index = {c.id: i for i, c in enumerate(chunks)}
-    fraction = [c.size for c in chunks]
+    fractions = schedule.chunk_fractions()
+    fraction = [fractions[c.id] for c in chunks]
 
     # ---------------------------------------------------------------- paths and load
     link_ids: dict[tuple[str, str], int] = {}
@@ -220,7 +226,10 @@ def verify(
                 load[i] += f
 
     # ------------------------------------------------------------------ replay
-    _replay(schedule, chunks, index, errors)
+    if schedule.collective.is_routed:
+        _replay_alltoall(schedule, chunks, index, errors)
+    else:
+        _replay(schedule, chunks, index, errors)
 
     # ----------------------------------------------------------------- measures
     bw = [graph.edges[key]["record"].bw_bytes_per_s for key in link_keys]
@@ -332,6 +341,34 @@ def _replay(schedule: Schedule, chunks: list, index: dict[int, int], errors: _Er
                 )
             state[dst][ci] = old | mask
     _check_post(schedule, chunks, state, errors)
+
+
+def _replay_alltoall(schedule: Schedule, chunks: list, index: dict[int, int], errors: _Errors) -> None:
+    """An all-to-all moves copies: chunk c starts at rank ``c.src`` only, a rank may forward a
+    chunk it holds (a relay keeps a copy aside), and ``c.dst`` must receive it exactly once."""
+    holders = [1 << c.src for c in chunks]  # bitmask of the ranks holding each chunk
+    delivered = [0] * len(chunks)
+    for s, step in enumerate(schedule.steps):
+        written: dict[tuple[int, int], int] = {}
+        for k, t in enumerate(step):
+            ci = index[t.chunk]
+            chunk = chunks[ci]
+            where = f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk} of rank {chunk.src} -> rank {chunk.dst})"
+            if t.op is not Op.COPY:
+                errors.add(f"{where}: an all-to-all only copies, it never reduces")
+            elif not holders[ci] >> t.src & 1:
+                errors.add(f"{where}: rank {t.src} sends chunk {t.chunk} but holds nothing for it")
+            elif (t.dst, ci) in written:
+                errors.add(f"{where}: rank {t.dst} chunk {t.chunk} is also written by transfer {written[t.dst, ci]} of this step")
+            else:
+                written[t.dst, ci] = k
+        for dst, ci in written:  # applied after the step: its transfers read the state before it
+            holders[ci] |= 1 << dst
+            delivered[ci] += dst == chunks[ci].dst
+    for ci, chunk in enumerate(chunks):
+        if delivered[ci] != 1:
+            what = "never receives" if not delivered[ci] else f"receives {delivered[ci]} times"
+            errors.add(f"rank {chunk.dst} {what} chunk {chunk.id} (of rank {chunk.src} -> rank {chunk.dst}); it must arrive exactly once")
 
 
 def _check_post(schedule: Schedule, chunks: list, state: list[list[int]], errors: _Errors) -> None:
