@@ -22,7 +22,13 @@ def world_of_four(monkeypatch):
     ("argv", "message"),
     [
         (["allreduce", "-b", "1M", "-e", "8"], "invalid sizes for 'minbytes' and 'maxbytes': 1048576 > 8"),
-        (["alltoall"], "unknown collective 'alltoall'"),
+        (["gather"], "unknown collective 'gather'"),
+        (["allreduce", "--skew", "zipf"], "--skew splits an alltoall's buffer; allreduce has no destinations to skew"),
+        (["alltoall", "--skew", "zipf:x"], "--skew zipf:x: expected uniform, zipf[:EXPONENT >= 0] or hot[:RANK]"),
+        (["alltoall", "--skew", "zipf:-1"], "--skew zipf:-1: expected uniform"),
+        (["alltoall", "--skew", "hot:4"], "--skew hot:4: rank 4 is not a rank of a world of 4 (0..3)"),
+        (["alltoall", "--skew", "no-such-matrix.csv"], "--skew no-such-matrix.csv: neither uniform, zipf[:S], hot[:R] nor a matrix file"),
+        (["alltoall", "--planner", "ring"], "an alltoall is routed from its traffic matrix on every call"),
         (["allreduce", "-d", "complex"], "unknown datatype 'complex'"),
         (["allreduce", "-o", "mulsum"], "unknown reduction op 'mulsum'"),
         (["reduce", "-o", "avg", "-d", "int32"], "avg needs a floating-point datatype"),
@@ -51,6 +57,15 @@ def test_bad_arguments_exit_2_with_one_line(world_of_four, capsys, argv, message
     assert len(lines) == 1, lines
     assert lines[0].startswith("topocoll-bench: error: ")
     assert message in lines[0]
+
+
+@pytest.mark.parametrize(("text", "fragment"), [("0,1\n1,0\n", "must be 4 x 4"), ("0,x,0,0\n", "row 0: expected numbers of bytes")])
+def test_bad_matrix_files_for_skew(world_of_four, capsys, tmp_path, text, fragment):
+    path = tmp_path / "moe.csv"
+    path.write_text(text)
+    assert cli.main(["alltoall", "--skew", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and fragment in err and str(path) in err
 
 
 def test_missing_output_directory(world_of_four, capsys, tmp_path):

@@ -12,10 +12,13 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from topocoll.solver.baselines import ring
+from topocoll.solver.traffic import traffic_bound, traffic_matrix
 from topocoll.topo.discover import flat_topology
+from topocoll.topo.presets import build_preset
 from tests.bench.helpers import LAUNCH_TIMEOUT_S, free_port, mpi_env, parse_table, tool
 
 FACTORS = {
@@ -24,6 +27,7 @@ FACTORS = {
     "reduce_scatter": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
+    "alltoall": lambda n: (n - 1) / n,
 }
 """nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md), written out independently."""
 
@@ -104,6 +108,40 @@ def test_mpirun_launches(collective, options, itemsize, ranks, tmp_path):
     assert all(r["root"] == root for r in rows)
     aggregation = "average across ranks (-a 1)" if "-a" in options else "maximum across ranks (-a 3)"
     assert f"# Time: {aggregation}" in done.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_mpirun_alltoall_with_skew(tmp_path):
+    """3 ranks on three GPUs of a DGX-1 (which offers several paths per pair, so the routed
+    all-to-all runs): Zipf traffic, every element checked, no in-place form, the matrix's bound."""
+    topology = build_preset("dgx1-v100")
+    topology_path = tmp_path / "dgx1.json"
+    topology_path.write_text(topology.to_json())
+    json_path = tmp_path / "a2a.json"
+    done = _mpirun(3, ["alltoall", *SHORT_SWEEP, "-d", "int32", "--skew", "zipf:1.5", "--seed", "4",
+                       "--topology", str(topology_path), "-J", str(json_path)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "# Traffic: Zipf(1.5) over the other ranks, seed 4" in out
+    assert "out of place only (torch has no in-place form)" in out
+    assert "# Out of bounds values : 0 OK" in out
+    rows = parse_table(out, groups=4)
+    # every rank sends S split by Zipf(1.5) over the two others, rounded down per pair
+    shares = traffic_matrix("zipf", 3, 1.0, zipf_s=1.5, seed=4)
+    bound_per_byte_s = traffic_bound(topology, topology.compute_nodes()[:3], shares).time_s
+    assert [r["size"] for r in rows] == [
+        max(sum(int(np.floor(v * size / 4 + 1e-9)) for v in row) for row in shares) * 4 for size in SWEEP_SIZES
+    ]
+    for r in rows:
+        assert r["count"] == r["size"] // 4 // 3
+        assert r["g0_wrong"] == 0 and r["g2_wrong"] == 0
+        assert r["g1_time"] is None and r["g3_time"] is None  # no in-place columns
+        assert r["g0_busbw"] == pytest.approx(r["g0_algbw"] * 2 / 3, abs=0.011)
+        assert r["bound"] == pytest.approx(1 / bound_per_byte_s / 1e9, rel=0.01)  # S over the bound time of S
+    data = json.loads(json_path.read_text())
+    assert data["config"]["traffic"] == {"pattern": "zipf", "zipf_s": 1.5, "hot_rank": None, "seed": 4, "matrix": None, "source": None}
+    assert all(row["in_place"] == {"topo": None, "baseline": None} for row in data["rows"])
 
 
 @pytest.mark.mpi

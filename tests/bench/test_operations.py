@@ -3,10 +3,12 @@ the wrong-element count."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from topocoll.bench.collective_table import COLLECTIVES, DTYPE_ITEMSIZES, FLOATING_DTYPES, RedOp
+from topocoll.bench.collective_table import COLLECTIVES, DTYPE_ITEMSIZES, FLOATING_DTYPES, RedOp, Traffic
 from topocoll.bench.operations import DTYPES, count_wrong, dtype_by_name, expected_output, fill, make_buffers, reference
 from topocoll.solver.schedule import Collective
 
@@ -99,3 +101,18 @@ def test_one_list_of_types_with_their_sizes():
         assert torch.empty((), dtype=dtype).element_size() == DTYPE_ITEMSIZES[name], name
         assert dtype.is_floating_point == (name in FLOATING_DTYPES), name
     assert dtype_by_name("fp16") == ("half", torch.float16)
+
+
+@pytest.mark.parametrize("traffic", [Traffic(), Traffic("zipf", seed=1), Traffic("hot", hot_rank=1)], ids=lambda t: t.pattern)
+def test_alltoall_buffers_exchanged_by_hand_give_the_expected_outputs(traffic):
+    """Cut every rank's send buffer into its blocks and hand block j to rank j: each rank's
+    output is what expected_output says."""
+    n, op, dtype = 3, RedOp.SUM, torch.int32
+    spec = dataclasses.replace(COLLECTIVES[Collective.ALLTOALL], traffic=traffic)
+    counts = spec.counts(3000, 4, n)
+    sent = [make_buffers(spec, counts, op, dtype, r, 0, torch.device("cpu")) for r in range(n)]
+    blocks = [list(torch.split(b.input, list(b.in_splits))) for b in sent]
+    for rank in range(n):
+        received = torch.cat([blocks[src][rank] for src in range(n)])
+        assert sent[rank].output.numel() == received.numel() == sum(sent[rank].out_splits)
+        assert torch.equal(expected_output(spec, counts, op, dtype, rank, 0, n), received)

@@ -244,8 +244,12 @@ def _header_lines(config: BenchConfig, setup: Setup, launch: Launch, ranks: list
         lines.append(f"Schedule: {config.schedule_path} ({setup.schedule.name or 'unnamed'}, {len(setup.schedule.steps)} steps)")
     elif config.backend == "topo" and config.planner != "auto":
         lines.append(f"Schedule: --planner {config.planner} (the same for every size)")
+    elif config.backend == "topo" and config.spec.traffic is not None:
+        lines.append("Schedule: routed per call from the traffic matrix (topocoll.solver.traffic.route_fast), cached per quantised matrix")
     elif config.backend == "topo":
         lines.append("Schedule: synthesized by topocoll.solver.plan for each size bucket")
+    if config.spec.traffic is not None:
+        lines.append(f"Traffic: {config.spec.traffic.label}")
     mode = "in place" if config.spec.in_place else "out of place"
     blocking = {
         0: "issued with async_op=True, waited for at the end",
@@ -253,13 +257,15 @@ def _header_lines(config: BenchConfig, setup: Setup, launch: Launch, ranks: list
         2: "each waited for",
         3: "each iteration waited for, then a barrier (not timed)",
     }[config.blocking]
+    forms = "out of place and in place" if config.spec.has_in_place else "out of place only (torch has no in-place form)"
     lines.append(
-        f"Operation: {config.spec.collective.value}, out of place and in place for each backend; {config.iters} iterations "
+        f"Operation: {config.spec.collective.value}, {forms} for each backend; {config.iters} iterations "
         f"of {config.agg_iters} operation{'s' if config.agg_iters > 1 else ''}, {blocking} (-z {config.blocking})"
     )
     lines.append(f"Time: {TimeAggregation(config.average).label} (-a {config.average}); #wrong: summed over ranks")
     lines.append(
-        f"speedup = baseline time / {config.backend} time, bound = cut-bound algbw, %bound = {config.backend} algbw / bound: "
+        f"speedup = baseline time / {config.backend} time, bound = {'the matrix' + chr(39) + 's' if config.spec.traffic else 'cut-bound'} algbw, "
+        f"%bound = {config.backend} algbw / bound: "
         f"{mode}, torch.distributed's own form of {config.spec.collective.value}"
     )
     lines += ["", "Using devices"]
@@ -270,6 +276,20 @@ def _header_lines(config: BenchConfig, setup: Setup, launch: Launch, ranks: list
             f"{where}{info['name']} -> {info['node']}"
         )
     return lines
+
+
+def _traffic_dict(traffic: Any) -> dict[str, Any] | None:
+    """An all-to-all's ``--skew`` in the JSON report (None for the other collectives)."""
+    if traffic is None:
+        return None
+    return {
+        "pattern": traffic.pattern,
+        "zipf_s": traffic.zipf_s if traffic.pattern == "zipf" else None,
+        "hot_rank": traffic.hot_rank if traffic.pattern == "hot" else None,
+        "seed": traffic.seed if traffic.pattern == "zipf" else None,
+        "matrix": [list(row) for row in traffic.weights] if traffic.weights is not None else None,
+        "source": traffic.source or None,
+    }
 
 
 def _config_dict(config: BenchConfig, setup: Setup, launch: Launch, argv: list[str]) -> dict[str, Any]:
@@ -286,6 +306,7 @@ def _config_dict(config: BenchConfig, setup: Setup, launch: Launch, argv: list[s
         "op": (config.ops[0].value if len(config.ops) == 1 else "all") if config.spec.reduces else None,
         "combinations": [{"type": name, "redop": op.value if config.spec.reduces else None} for name, op in config.combinations],
         "root": config.root if config.spec.rooted else None,
+        "traffic": _traffic_dict(config.spec.traffic),
         "iters": config.iters,
         "agg_iters": config.agg_iters,
         "warmup_iters": config.warmup,

@@ -152,10 +152,13 @@ def count_wrong(got: torch.Tensor, expected: torch.Tensor, op: RedOp) -> int:
 @dataclass(frozen=True, slots=True)
 class Buffers:
     """One rank's buffers for one operation (``input`` is ``output``, or a part of it, or holds
-    it, for in-place ones)."""
+    it, for in-place ones); an all-to-all's elements to and from each rank in ``in_splits`` and
+    ``out_splits``."""
 
     input: torch.Tensor
     output: torch.Tensor
+    in_splits: tuple[int, ...] = ()
+    out_splits: tuple[int, ...] = ()
 
 
 def make_buffers(
@@ -169,6 +172,11 @@ def make_buffers(
     (:attr:`CollectiveSpec.in_place`).
     """
     in_place = spec.in_place if in_place is None else in_place
+    if spec.collective is Collective.ALLTOALL:  # rank r's send buffer holds fill(r) at its own indices
+        sends = counts.pairs[rank]
+        receives = tuple(row[rank] for row in counts.pairs)
+        data = fill(op, dtype, rank, 0, sum(sends)).to(device)
+        return Buffers(data, torch.zeros(sum(receives), dtype=dtype, device=device), tuple(sends), receives)
     if spec.collective is Collective.ALLGATHER:
         shard = counts.in_count
         mine = fill(op, dtype, rank, rank * shard, shard).to(device)
@@ -202,6 +210,10 @@ def issue(spec: CollectiveSpec, buffers: Buffers, group: "dist.ProcessGroup", op
     if c in (Collective.ALLREDUCE, Collective.BROADCAST, Collective.REDUCE) and buffers.input is not buffers.output:
         if c is not Collective.BROADCAST or dist.get_rank(group) == root:
             buffers.output.copy_(buffers.input)
+    if c is Collective.ALLTOALL:
+        return dist.all_to_all_single(
+            buffers.output, buffers.input, list(buffers.out_splits), list(buffers.in_splits), group=group, async_op=async_op
+        )
     if c is Collective.ALLREDUCE:
         return dist.all_reduce(buffers.output, op=torch_op(op), group=group, async_op=async_op)
     if c is Collective.ALLGATHER:
@@ -215,6 +227,8 @@ def issue(spec: CollectiveSpec, buffers: Buffers, group: "dist.ProcessGroup", op
 def expected_output(spec: CollectiveSpec, counts: Counts, op: RedOp, dtype: torch.dtype, rank: int, root: int, world_size: int) -> torch.Tensor | None:
     """What this rank's output must hold, or None when it is unspecified (reduce off root)."""
     c = spec.collective
+    if c is Collective.ALLTOALL:  # rank r's block for this rank starts after its blocks for lower ranks
+        return torch.cat([fill(op, dtype, r, sum(row[:rank]), row[rank]) for r, row in enumerate(counts.pairs)])
     if c is Collective.ALLGATHER:
         shard = counts.in_count
         return torch.cat([fill(op, dtype, r, r * shard, shard) for r in range(world_size)])

@@ -7,6 +7,7 @@ Every rank parses the same command line and checks it before torch.distributed s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import NoReturn
 from topocoll.bench import collective_table
 from topocoll.bench.collective_table import BenchArgumentError, CollectiveSpec, RedOp
 from topocoll.bench.sizes import parse_size, sweep
+from topocoll.errors import TopocollError
 from topocoll.fileio import check_output_path
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "as they are, e.g. 'mpirun -np 4 --oversubscribe topocoll-bench allreduce -b 8 -e 128M -f 2 -g 1' "
         "(--oversubscribe: more ranks than cores); without a launcher the benchmark runs a world of one.",
     )
-    parser.add_argument("collective", help="allreduce, allgather, reduce_scatter, broadcast or reduce")
+    parser.add_argument("collective", help="allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall")
     sizes = parser.add_argument_group("sizes (as nccl-tests)")
     sizes.add_argument("-b", "--minbytes", default="32M", help="smallest size S (default 32M)")
     sizes.add_argument("-e", "--maxbytes", default="32M", help="largest size S (default 32M)")
@@ -89,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("-d", "--datatype", default="float", help=f"{', '.join(collective_table.DTYPE_ITEMSIZES)}, or all of them: all (default float)")
     op.add_argument("-o", "--op", default="sum", help="sum, prod, max, min, avg, or all of them: all (default sum)")
     op.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    op.add_argument(
+        "--skew", default=None, metavar="PATTERN",
+        help="alltoall: how each rank's S bytes are split over the destinations: uniform (S/n to every rank, as "
+        "alltoall_perf; default), zipf[:S] (Zipf with exponent S, default 1.2, over the other ranks, as "
+        "mixture-of-experts routing), hot[:R] (half of every rank's bytes to rank R, default 0), or a matrix "
+        "file (JSON list of rows or CSV; row i is what rank i sends each rank, scaled so that the busiest "
+        "sender sends S)",
+    )
+    op.add_argument("--seed", type=int, default=0, help="alltoall --skew zipf: the order of each rank's destinations (default 0)")
     perf = parser.add_argument_group("measurement")
     perf.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size and placement (default 20)")
     perf.add_argument("-m", "--agg_iters", type=int, default=1, help="operations issued together per timed iteration (default 1)")
@@ -200,6 +211,44 @@ def _combinations(spec: CollectiveSpec, dtype_names: tuple[str, ...], ops: tuple
     return tuple(pairs), left
 
 
+def parse_skew(text: str, seed: int, world_size: int) -> collective_table.Traffic:
+    """``--skew``: a pattern (``uniform``, ``zipf[:S]``, ``hot[:R]``) or a matrix file.
+
+    Raises
+    ------
+    BenchArgumentError
+        A pattern's parameter that is not a number (or not a rank), or neither a pattern nor a
+        file; a matrix file that is not ``world_size x world_size`` non-negative numbers.
+    """
+    name, _, value = text.partition(":")
+    pattern = name.lower()
+    if pattern in collective_table.TRAFFIC_PATTERNS and not Path(text).exists():
+        number = {"zipf": float, "hot": int}.get(pattern)
+        try:
+            parameter = number(value) if value and number else None
+        except ValueError:
+            number = None
+        if (value and number is None) or (pattern == "zipf" and parameter is not None and not parameter >= 0):
+            raise BenchArgumentError(f"--skew {text}: expected uniform, zipf[:EXPONENT >= 0] or hot[:RANK]")
+        if pattern == "zipf":
+            return collective_table.Traffic("zipf", zipf_s=1.2 if parameter is None else parameter, seed=seed)
+        if pattern == "hot":
+            hot = parameter or 0
+            if not 0 <= hot < world_size:
+                raise BenchArgumentError(f"--skew {text}: rank {hot} is not a rank of a world of {world_size} (0..{world_size - 1})")
+            return collective_table.Traffic("hot", hot_rank=hot)
+        return collective_table.Traffic()
+    if not Path(text).exists():
+        raise BenchArgumentError(f"--skew {text}: neither uniform, zipf[:S], hot[:R] nor a matrix file")
+    from topocoll.solver.route_cli import load_matrix  # numpy, only for a matrix file
+
+    try:
+        matrix = load_matrix(text, world_size)
+    except TopocollError as exc:
+        raise BenchArgumentError(f"--skew {exc}") from None
+    return collective_table.Traffic("file", weights=tuple(tuple(float(v) for v in row) for row in matrix), source=text)
+
+
 def _resolve_device(requested: str) -> str:
     if requested != "auto":
         return requested
@@ -217,6 +266,10 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
         The first problem found, in words.
     """
     spec = collective_table.parse_collective(args.collective)
+    if spec.traffic is not None:
+        spec = dataclasses.replace(spec, traffic=parse_skew(args.skew or "uniform", args.seed, world_size))
+    elif args.skew is not None:
+        raise BenchArgumentError(f"--skew splits an alltoall's buffer; {spec.collective.value} has no destinations to skew")
     min_bytes = parse_size(args.minbytes, "minbytes")
     max_bytes = parse_size(args.maxbytes, "maxbytes")
     step_bytes = parse_size(args.stepbytes, "stepbytes")
@@ -273,6 +326,11 @@ def validate(args: argparse.Namespace, world_size: int) -> BenchConfig:
     planner = args.planner.lower()
     if planner not in ("auto", "lp", *PLANNER_BASELINES):
         raise BenchArgumentError(f"unknown planner {args.planner!r}; expected auto, lp, {', '.join(PLANNER_BASELINES)}")
+    if spec.traffic is not None and (planner != "auto" or args.schedule):
+        raise BenchArgumentError(
+            "--planner and --schedule choose the schedules of the synthesized collectives; an alltoall is routed "
+            "from its traffic matrix on every call"
+        )
     if planner != "auto" and (args.backend != "topo" or args.schedule):
         raise BenchArgumentError("--planner chooses the topo backend's schedules: not with --backend gloo/nccl or --schedule")
     if args.plot:

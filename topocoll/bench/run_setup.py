@@ -78,11 +78,18 @@ def load_setup(config: BenchConfig, world_size: int) -> Setup:
 
 
 def cut_bound_time_fn(setup: Setup, config: BenchConfig):
-    """``size_bytes -> bound time`` from :func:`topocoll.solver.bound.cut_bound`, or None if unknown.
+    """``size_bytes -> bound time`` from :func:`topocoll.solver.bound.cut_bound` (an all-to-all's:
+    :func:`topocoll.solver.traffic.traffic_bound` of its matrix), or None if unknown.
 
     The bound is linear in the size, so it is computed once (a max-flow per rank set) and scaled.
     """
     try:
+        if config.spec.traffic is not None:  # all-to-all: the bound of its matrix, S bytes from the busiest sender
+            from topocoll.solver.traffic import traffic_bound
+
+            shares = config.spec.traffic.shares(len(setup.nodes))
+            per_byte_s = traffic_bound(setup.topology, setup.nodes, shares).time_s
+            return lambda size_bytes: per_byte_s * size_bytes
         from topocoll.solver.bound import cut_bound
 
         bound = cut_bound(setup.topology, config.spec.collective, setup.nodes, config.root if config.spec.rooted else None)

@@ -216,7 +216,8 @@ def measure_size(
     if counts.in_count == 0 or counts.out_count == 0:
         return None
     placed = tuple(
-        tuple(_measure_one(settings, s, size, rank, world_size, meta, in_place) for s in series) for in_place in (False, True)
+        tuple(_measure_one(settings, s, size, rank, world_size, meta, in_place) if not in_place or spec.has_in_place else None for s in series)
+        for in_place in (False, True)
     )
     return Row(
         size_bytes=counts.size_bytes,

@@ -40,8 +40,8 @@ def bus_factor(collective: Collective, world_size: int) -> float:
     Returns
     -------
     float
-        ``2(n−1)/n`` for allreduce, ``(n−1)/n`` for allgather and reduce-scatter, 1 for
-        broadcast and reduce.
+        ``2(n−1)/n`` for allreduce, ``(n−1)/n`` for allgather, reduce-scatter and all-to-all
+        (of a rank's buffer, the 1/n it sends itself stays put), 1 for broadcast and reduce.
 
     Examples
     --------
@@ -53,7 +53,7 @@ def bus_factor(collective: Collective, world_size: int) -> float:
     n = world_size
     if collective is Collective.ALLREDUCE:
         return 2.0 * (n - 1) / n
-    if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER):
+    if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLTOALL):
         return (n - 1) / n
     return 1.0
 
