@@ -71,6 +71,11 @@ def rank_main(rank: int, n: int, store_file: str, out_file: str) -> None:
         work.wait()
         dist.all_to_all_single(theirs, data, group=gloo)
         expect(torch.equal(mine, theirs), "async even all_to_all_single differs from gloo's")
+        # in place (one tensor as input and output): the blocks each rank should receive
+        data = torch.arange(n * 1000, dtype=torch.float32) + 10000 * rank
+        expected = torch.cat([torch.arange(rank * 1000, (rank + 1) * 1000, dtype=torch.float32) + 10000 * i for i in range(n)])
+        dist.all_to_all_single(data, data, group=topo)
+        expect(torch.equal(data, expected), "in-place all_to_all_single returned wrong blocks")
         # only to itself: the plan is empty, the inner backend's all-to-all moves the bytes
         own = [5 if j == rank else 0 for j in range(n)]
         data = torch.arange(5, dtype=torch.int32) + rank

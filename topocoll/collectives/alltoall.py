@@ -51,7 +51,7 @@ QUANT_STEPS_PER_OCTAVE = 4
 
 ROUTED_MAX_RANKS = 128
 """Largest group whose CPU all-to-alls are routed: the candidate paths of 128 ranks take about a
-second to make on a 2-core machine and a plan about 0.3-0.9 s (``benchmarks/results/traffic_bench.md``);
+second to make on a 2-core machine and a skewed plan about 0.6 s (``benchmarks/results/traffic_bench.md``);
 a step of a larger CPU group would wait on planning longer than it gains."""
 
 CACHE_SIZE = 64
@@ -273,6 +273,11 @@ def run_plan(
             work.wait(timeout)
 
 
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors lie on one storage (an in-place all-to-all)."""
+    return a.numel() > 0 and b.numel() > 0 and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def split_counts(tensor: torch.Tensor, splits: Sequence[int], size: int, what: str) -> tuple[list[int], str | None]:
     """Elements per rank of ``tensor`` cut along dim 0 by ``splits`` (rows; empty: equal parts),
     or an error message."""
@@ -306,7 +311,11 @@ class AllToAllCalls:
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> Any:
-        """All-to-all of one tensor (``dist.all_to_all_single``), even or uneven splits."""
+        """All-to-all of one tensor (``dist.all_to_all_single``), even or uneven splits. One
+        tensor as input and output works too (gloo's own returns wrong blocks then): the input is
+        copied aside first."""
+        if output.device.type == "cpu" and _shares_memory(output, input):
+            input = input.clone()  # noqa: A001  (blocks still to be sent must survive the receives)
         if output.device.type != "cpu" or input.device.type != "cpu" or self._a2a().one_path_only:
             return self._other([input]).alltoall_base(output, input, output_split_sizes, input_split_sizes, opts or dist.AllToAllOptions())
         body = lambda: self._routed_alltoall(output, input, list(output_split_sizes), list(input_split_sizes))  # noqa: E731
