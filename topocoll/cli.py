@@ -24,6 +24,8 @@ typical use:
   topocoll synthesize --topology cluster.json --collective allreduce -o ar.json
   topocoll verify ar.json --topology cluster.json
   topocoll simulate --topology cluster.json --collective allreduce --sizes 1K:1G
+  topocoll route --topology cluster.json --pattern zipf -o a2a.json   # a skewed all-to-all
+  topocoll msccl ar.json --topology cluster.json -o allreduce.xml     # for NCCL's MSCCL executor
   torchrun --nproc-per-node 2 -m topocoll.cli topo probe -o probed.json
   topocoll emulate run two-racks -- python -m topocoll.bench allreduce   # K emulated hosts (root)
 """
@@ -33,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every subcommand registered."""
     from topocoll.bench import emulate_cli, probe_cli, simulate_cli
     from topocoll.solver import cli as solver_cli
-    from topocoll.solver import route_cli
+    from topocoll.solver import msccl_cli, route_cli
     from topocoll.topo import cli as topo_cli
 
     parser = argparse.ArgumentParser(
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_cli.register(topo_cli.register(sub))
     solver_cli.register(sub)
     route_cli.register(sub)
+    msccl_cli.register(sub)
     simulate_cli.register(sub)
     emulate_cli.register(sub)
     return parser
