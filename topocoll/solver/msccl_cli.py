@@ -53,13 +53,14 @@ def run_msccl(args: argparse.Namespace) -> int:
     schedule = load_schedule(args.schedule)
     require_topology_digest(schedule, args.schedule)
     topology = load_topology(args.topology)
-    verify(schedule, topology).raise_if_failed(args.schedule)
+    verified = verify(schedule, topology)
+    verified.raise_if_failed(args.schedule)
     program = msccl.to_msccl(schedule, args.chunks_per_loop, dialect=args.dialect, proto=args.proto)
     replayed = msccl.from_msccl(program.text, topology, schedule.ranks, schedule.root, source=args.output)
     check = verify(replayed, topology)
     if not check.ok:  # a defect of the export, never of the input: say so rather than write it
         raise ScheduleError(f"the exported program does not implement {schedule.collective.value}: {check.errors[0]}")
-    original = verify(schedule, topology).t_bw_s_per_byte
+    original = verified.t_bw_s_per_byte
     bound = cut_bound(topology, schedule.collective, schedule.ranks, schedule.root).time_per_byte_s
     print(f"{'schedule':<12}{args.schedule}: {schedule.collective.value} over {schedule.world_size} ranks, {len(schedule.chunks)} chunks, "
           f"{len(schedule.steps)} steps, {100 * bound / original:.2f} % of bound")
