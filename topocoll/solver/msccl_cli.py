@@ -11,6 +11,7 @@ from topocoll.solver.bound import cut_bound
 from topocoll.solver.schedule import load_schedule
 from topocoll.solver.verify import require_topology_digest, verify
 from topocoll.topo.io import load_topology
+from topocoll.topo.model import NodeKind
 
 EPILOG = """\
 examples:
@@ -22,8 +23,9 @@ and the schedule it carries out is verified too, so a file that does not impleme
 collective is never written. Each chunk boundary moves to the nearest of --chunks-per-loop equal
 chunks (default: as many as the schedule has chunks, halved until the file has at most 4096
 XML elements, the most MSCCL's readers keep). MSCCL sends every transfer between two
-GPUs on the transport NCCL picks for that pair, one path; the "program" line gives the
-bandwidth time over those paths, next to the schedule's own.
+GPUs on the transport NCCL picks for that pair, not along the schedule's paths; without
+NVSwitches (whose planes NCCL uses together) the "program" line gives the share of the bound
+left on one route a pair, next to the schedule's own.
 
 Load it with MSCCL_ALGO_DIR (Azure's msccl-executor-nccl) or MSCCL_XML_FILES (Microsoft's msccl).
 """
@@ -65,8 +67,12 @@ def run_msccl(args: argparse.Namespace) -> int:
     print(f"{'schedule':<12}{args.schedule}: {schedule.collective.value} over {schedule.world_size} ranks, {len(schedule.chunks)} chunks, "
           f"{len(schedule.steps)} steps, {100 * bound / original:.2f} % of bound")
     print(f"{'grid':<12}{program.chunks_per_loop} chunks per loop, boundaries moved by at most {program.max_shift:.2e} of the buffer")
+    if topology.nodes_of(NodeKind.NVSWITCH):  # the model's switch planes are one transport to NCCL, which spreads over them
+        one_path = "an NVSwitch system, where NCCL spreads a pair's traffic over the switch planes"
+    else:
+        one_path = f"{100 * bound / check.t_bw_s_per_byte:.2f} % of bound on one path a pair"
     print(f"{'program':<12}{program.channels} channels, up to {program.thread_blocks} thread blocks a GPU and {program.steps} steps a block, "
-          f"{program.elements} XML elements; {100 * bound / check.t_bw_s_per_byte:.2f} % of bound on one path a pair")
+          f"{program.elements} XML elements; {one_path}")
     print(f"{'replayed':<12}{len(replayed.steps)} rounds, verified")
     if program.elements > msccl.MAX_ELEMENTS:
         print(f"{'warning':<12}{program.elements} XML elements, more than the {msccl.MAX_ELEMENTS} MSCCL's readers keep: "
