@@ -67,7 +67,9 @@ def measure(name: str, sizes: str, iters: int, out_dir: Path) -> dict:
                 if result.returncode != 0:
                     raise RuntimeError(f"{name} {pattern}: the benchmark failed ({result.returncode}):\n{err.getvalue()[-3000:]}")
                 print(out.getvalue(), file=sys.stderr, flush=True)
-                runs[label] = json.loads(json_path.read_text())
+                # the report names files of this run: keep their names, not this machine's paths
+                text = json_path.read_text().replace(str(work) + "/", "").replace(str(REPO) + "/", "")
+                runs[label] = json.loads(text)
     return {"scenario": name, "description": scenario.description, "runs": runs}
 
 

@@ -23,6 +23,7 @@ import argparse
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -198,6 +199,12 @@ def write_summary(out: Path) -> str:
     return table(results)
 
 
+def _without_run_dir(text: str) -> str:
+    """The report with the run's temporary folder left out of the file names it mentions (they
+    name files of the run, not of the machine that ran it)."""
+    return re.sub(r"/[^\s\"']*?topocoll-emulated-[A-Za-z0-9_]+/", "", text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default=",".join(sc.shipped_scenarios()), help="comma-separated (default: all shipped)")
@@ -213,10 +220,10 @@ def main() -> int:
         result = measure(name, args.sizes.split(","), args.iters, args.delays, args.probe_only)
         result["command"] = "sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:])
         if args.probe_only:
-            (out / f"{name}.probe.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+            (out / f"{name}.probe.json").write_text(_without_run_dir(json.dumps(result, indent=1, sort_keys=True)) + "\n")
             say(table([result]))
             continue
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        (out / f"{name}.json").write_text(_without_run_dir(json.dumps(result, indent=1, sort_keys=True)) + "\n")
         plot(result, out / f"{name}.png")
         say(table([result]))
     if args.probe_only:
