@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from xml.etree import ElementTree
 
 from topocoll.errors import FormatError, ScheduleError
@@ -179,8 +179,6 @@ def to_msccl(schedule: Schedule, chunks_per_loop: int | None = None, *, dialect:
     pieces = _pieces(schedule, grid)
     reduce_scatter_name, max_steps, max_tbs = DIALECTS[dialect]
     for channels in range(1, MAX_CHANNELS + 1):
-        for piece in pieces:
-            piece.channel = 0
         _spread(pieces, channels)
         gpus = _thread_blocks(pieces, n)
         if any(len(tbs) > max_tbs for tbs in gpus):
@@ -267,7 +265,7 @@ class _Tb:
     recv: int
     channel: int
     pieces: list[int]  # indices into the pieces, in order
-    steps: list[tuple] = None  # (kind, piece or None, depid, deps, hasdep)
+    steps: list[tuple] = field(default_factory=list)  # (type, piece or None, (tb, step) waited for or None, waited for by others)
 
 
 def _thread_blocks(pieces: list[_Piece], n: int) -> list[list[_Tb]]:
@@ -289,10 +287,9 @@ def _thread_blocks(pieces: list[_Piece], n: int) -> list[list[_Tb]]:
                     tb.pieces.append(k)
         gpus.append(tbs)
     for rank, tbs in enumerate(gpus):
-        waits = _waits(pieces, rank, owner)
+        waits = _waits(pieces, rank)
         last_of: dict[int, dict[int, int]] = {tb.id: {} for tb in tbs}  # tb -> piece position -> step index
         for tb in tbs:
-            tb.steps = []
             for position, k in enumerate(tb.pieces):
                 deps = sorted({owner[rank, w] for w in waits.get(k, ()) if owner[rank, w][0] != tb.id})
                 latest: dict[int, int] = {}
@@ -318,7 +315,7 @@ def _thread_blocks(pieces: list[_Piece], n: int) -> list[list[_Tb]]:
     return gpus
 
 
-def _waits(pieces: list[_Piece], rank: int, owner: dict) -> dict[int, list[int]]:
+def _waits(pieces: list[_Piece], rank: int) -> dict[int, list[int]]:
     """For each piece of ``rank``, the pieces of ``rank`` it must wait for: a send for the earlier
     steps' receives into its chunks; a receive for the sends of its chunks up to its step and
     the receives into them before it (reduces into one chunk never overlap)."""
@@ -331,7 +328,7 @@ def _waits(pieces: list[_Piece], rank: int, owner: dict) -> dict[int, list[int]]
         p = pieces[k]
         units = range(p.start, p.start + p.count)
         if p.src == rank:
-            waits[k] = sorted({last_write[u] for u in units if u in last_write and pieces[last_write[u]].step < p.step})
+            waits[k] = sorted({last_write[u] for u in units if u in last_write})  # of earlier steps: this step's come after
             for u in units:
                 last_read[u].append(k)
         else:

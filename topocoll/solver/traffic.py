@@ -582,7 +582,6 @@ def route_fast(
     loads = state.incidence @ state.flows
     best_time = float((loads * inv_cap).max())
     best = (state.flows.copy(), state.edges, state.pair_ids)
-    scale = best_time
     refresh = set(refresh_at)
     searches, stalled = 0, False
     history: list[float] = []
@@ -669,7 +668,6 @@ class _FastState:
     def __init__(self, paths: PathSets, demand: np.ndarray) -> None:
         self.n = len(paths.ranks)
         self.network = paths.network
-        self.demand = demand
         active = demand[paths.pair_of_path] > 0
         self.empty = not active.any()
         keep = np.flatnonzero(active)
@@ -679,9 +677,10 @@ class _FastState:
         self.by_source: dict[int, list[int]] = {}
         for pair in np.flatnonzero(demand > 0):
             self.by_source.setdefault(int(pair) // self.n, []).append(int(pair) % self.n)
-        first = np.concatenate(([True], self.pair_ids[1:] != self.pair_ids[:-1]))
-        self.flows = np.where(first, demand[self.pair_ids], 0.0)  # each pair's widest path first
         self._segments()
+        self.flows = np.zeros(len(self.pair_ids))
+        if not self.empty:
+            self.flows[self.starts] = demand[self.pair_ids[self.starts]]  # each pair's widest path first
 
     def _segments(self) -> None:
         self.incidence_t = self.incidence.T.tocsr()
