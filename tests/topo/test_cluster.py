@@ -53,9 +53,11 @@ def test_ids_hosts_and_node_major_ranks():
             assert node.host_id == k and k in ("n0", "n1", "n2") and local
     assert topo.compute_nodes() == tuple(f"n{k}.gpu{i}" for k in range(3) for i in range(8))
     assert [topo.node(n).rank for n in topo.compute_nodes()] == list(range(24))
-    # inside each machine, the preset's own wiring
+    # inside each machine, the preset's own wiring (its ports' own switch ports are the fabric's)
     one = build_preset("dgx-a100")
     for link in one.links:
+        if link.kind is LinkKind.NET:
+            continue
         copy = topo.link(f"n2.{link.src}", f"n2.{link.dst}")
         assert (copy.kind, copy.bw_bytes_per_s, copy.count) == (link.kind, link.bw_bytes_per_s, link.count)
 

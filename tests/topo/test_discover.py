@@ -140,6 +140,9 @@ def test_discovery_equals_import(name, tmp_path):
     assert all(n.host_id == "fake" for n in found.nodes if n.kind is not NodeKind.NET_SWITCH)
     gpus = sorted((n for n in found.nodes if n.kind is NodeKind.GPU), key=lambda n: n.busid)
     assert [n.rank for n in gpus] == list(range(len(gpus)))  # NVML's bus-id order
+    assert [n.index for n in gpus] == list(range(len(gpus)))  # NVML's own index
+    given_sm = dict(re.findall(r'<pci busid="([^"]+)"[^>]*>\s*<gpu [^>]*sm="(\d+)"', text))
+    assert {n.busid: str(n.sm) for n in gpus if n.busid in given_sm} == {k.lower(): v for k, v in given_sm.items()}
     sms = {int(s) for s in re.findall(r'sm="(\d+)"', text)}
     if any(sm >= 90 for sm in sms) and "<nvlink" in text:
         # sm >= 90 GPUs answer the link state only through field values

@@ -91,6 +91,13 @@ def test_records_are_frozen():
         ({"id": "x", "kind": NodeKind.GPU, "numa": "0"}, "numa"),
         ({"id": "x", "kind": NodeKind.GPU, "busid": 7}, "busid"),
         ({"id": "x", "kind": NodeKind.GPU, "host_id": 1}, "host_id"),
+        ({"id": "x", "kind": NodeKind.GPU, "sm": 0}, "sm must be an integer >= 1"),
+        ({"id": "x", "kind": NodeKind.GPU, "sm": "90"}, "sm must be"),
+        ({"id": "x", "kind": NodeKind.NIC, "sm": 90}, "only gpu nodes carry an sm"),
+        ({"id": "x", "kind": NodeKind.GPU, "index": -1}, "index must be an integer >= 0"),
+        ({"id": "x", "kind": NodeKind.HOST, "index": 0}, "only gpu nodes carry an index"),
+        ({"id": "x", "kind": NodeKind.GPU, "gdr": 1}, "gdr must be true or false"),
+        ({"id": "x", "kind": NodeKind.CPU, "gdr": True}, "only gpu and nic nodes carry gdr"),
     ],
 )
 def test_node_validation(kwargs, message):
@@ -246,6 +253,17 @@ def test_json_reads_what_the_document_says():
     link = topo.link("gpu1", "nvswitch0")
     assert (link.kind, link.bw_bytes_per_s, link.latency_s, link.count) == (LinkKind.NVLINK, 50e9, 6e-7, 2)
     assert topo.name == "two gpus and a switch"
+
+
+def test_json_keeps_the_optional_gpu_attributes():
+    data = _small_dict()
+    data["nodes"][0].update(index=3, sm=90, gdr=False)
+    topo = Topology.from_json(json.dumps(data))
+    gpu0 = topo.node("gpu0")
+    assert (gpu0.index, gpu0.sm, gpu0.gdr) == (3, 90, False)
+    again = json.loads(topo.to_json())["nodes"]
+    assert {k: again[0][k] for k in ("index", "sm", "gdr")} == {"index": 3, "sm": 90, "gdr": False}
+    assert not {"index", "sm", "gdr"} & set(again[1])  # absent where unknown, so older files keep their digest
 
 
 def test_canonical_json_and_digest_do_not_depend_on_input_order():

@@ -25,6 +25,7 @@ from topocoll.errors import FormatError, TopologyError
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
 from topocoll.topo.nccl_xml import parse_link_speed, parse_nccl_xml
 from topocoll.topo.nccl_xml_export import to_nccl_xml
+from topocoll.topo.presets import build_preset
 from topocoll.topo.safe_xml import MAX_XML_ATTRIBUTE_CHARS, MAX_XML_DEPTH, read_xml
 
 PCIE_GEN3_X16 = 8e9 * 128 / 130 / 8 * 16  # PCI-SIG: 8 GT/s, 128b/130b, 16 lanes
@@ -311,6 +312,44 @@ def test_export_has_the_structure_nccl_reads(name):
         assert net.get("name") and net.get("dev", "").isdigit()
     for element in root.iter():
         assert len(element.attrib) <= 16  # NCCL's MAX_ATTR_COUNT
+
+
+def _gpu_and_net_attributes(root: ET.Element) -> tuple[dict, dict]:
+    """``{busid: <gpu> attributes}`` and ``{port name: <net> attributes}`` of an NCCL XML tree."""
+    gpus = {pci.get("busid").lower(): dict(gpu.attrib) for pci in root.iter("pci") for gpu in pci.findall("gpu")}
+    nets = {net.get("name"): dict(net.attrib) for net in root.iter("net")}
+    return gpus, nets
+
+
+@pytest.mark.parametrize("name", XML_FIXTURES)
+def test_export_writes_back_what_nccl_needs_of_gpus_and_ports(name):
+    """``dev``, ``sm``, ``rank``, ``gdr`` of every GPU and ``speed``, ``gdr`` of every port, as the file had them."""
+    original, exported = (ET.fromstring(text) for text in (fixture_text(name), to_nccl_xml(load(name))))
+    given_gpus, given_nets = _gpu_and_net_attributes(original)
+    out_gpus, out_nets = _gpu_and_net_attributes(exported)
+    for busid, attrs in given_gpus.items():
+        for key in ("dev", "sm", "rank", "gdr"):
+            if key in attrs:
+                assert out_gpus[busid].get(key) == attrs[key], (busid, key)
+    for port, attrs in given_nets.items():
+        if port not in out_nets:
+            continue  # a port the import left out, as noted in the topology
+        for key in ("gdr",):
+            if key in attrs:
+                assert out_nets[port].get(key) == attrs[key], (port, key)
+        if float(attrs.get("speed", "0")) > 0:
+            assert float(out_nets[port]["speed"]) == float(attrs["speed"]), port
+
+
+@pytest.mark.parametrize(("preset", "sm", "speed_mbps"), [("dgx1-v100", "70", 100000), ("dgx-h100", "90", 400000), ("pcie-8gpu", None, 100000)])
+def test_export_of_a_preset_names_devices_models_and_port_speeds(preset, sm, speed_mbps):
+    """NVML indices 0..7, the GPU model's compute capability, and the adapters' line rate."""
+    root = ET.fromstring(to_nccl_xml(build_preset(preset)))
+    gpus = [gpu.attrib for gpu in root.iter("gpu")]
+    assert sorted(int(g["dev"]) for g in gpus) == list(range(8))
+    assert all(g.get("sm") == sm for g in gpus)
+    nets = list(root.iter("net"))
+    assert nets and all(float(net.get("speed")) == speed_mbps for net in nets)
 
 
 def test_export_of_a_built_topology_keeps_links():

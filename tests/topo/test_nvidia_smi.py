@@ -31,6 +31,7 @@ def test_dgx1_hybrid_cube_mesh():
     assert pairs[(0, 1)] == 1 and pairs[(0, 2)] == 1 and pairs[(0, 3)] == 2 and pairs[(0, 4)] == 2
     assert (0, 5) not in pairs  # SYS
     assert pairs[(4, 7)] == 2 and pairs[(6, 7)] == 2 and len(pairs) == 16
+    assert [topo.node(f"gpu{i}").index for i in range(8)] == list(range(8))  # the GPU<i> columns
     for gpu in ids_of(topo, NodeKind.GPU):  # every row sums to 6 NVLinks (V100 has 6)
         assert nvlink_count(topo, gpu) == 6
         assert nvlink_bw(topo, gpu) == pytest.approx(150 * GB)  # "Tesla V100" in the text: 25 GB/s

@@ -32,6 +32,7 @@ or to model a slower fabric). Unknown keys are errors, so a misspelt key is not 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Sequence
@@ -228,7 +229,7 @@ def assemble_cluster(
             if node.id in placeholders:
                 continue
             rank = on_gpu.get((k, node.id)) if node.kind is NodeKind.GPU else None
-            builder.add_node(Node(prefix + node.id, node.kind, rank, node.host_id, node.numa, node.busid, node.name))
+            builder.add_node(dataclasses.replace(node, id=prefix + node.id, rank=rank))
         speeds: dict[str, float] = {}
         for link in host.links:
             if link.dst in placeholders:

@@ -12,6 +12,7 @@ returned :class:`~topocoll.topo.model.Topology`, and what it could not learn int
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -527,7 +528,7 @@ class _Machine:
         for busid in switches:
             self._add(Node(ids[busid], NodeKind.PCIE_SWITCH, busid=busid), up(busid), self.pcie_bw[busid])
         for rank, (gpu, busid) in enumerate(zip(gpus, gpu_busids)):
-            node = Node(ids[busid], NodeKind.GPU, rank=rank, busid=busid, name=gpu.name)
+            node = Node(ids[busid], NodeKind.GPU, rank=rank, busid=busid, name=gpu.name, index=gpu.index, sm=gpu.sm)
             self._add(node, up(busid), self.pcie_bw[busid])
         for busid in nvswitch_pci:
             if busid in self.parent_of:
@@ -543,7 +544,7 @@ class _Machine:
     def _add(self, node: Node, parent: str, bw_bytes_per_s: float) -> None:
         """Add ``node`` (on this host, on its parent's NUMA node) and its PCIe link up."""
         numa = int(self.cpu_of(node.busid)[len("cpu"):]) if node.busid in self.parent_of else None
-        node = Node(node.id, node.kind, rank=node.rank, host_id=self.host, numa=numa, busid=node.busid, name=node.name)
+        node = dataclasses.replace(node, host_id=self.host, numa=numa)
         self.builder.add_node(node)
         self.builder.add_link(node.id, parent, LinkKind.PCIE, bw_bytes_per_s, bw.latency_s(LinkKind.PCIE))
 

@@ -21,6 +21,7 @@ Merging (``given`` wins where both say something):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 
@@ -114,6 +115,9 @@ def _filled(mine: Node, other: Node, rank: int | None) -> Node:
         mine.numa if mine.numa is not None else other.numa,
         mine.busid or other.busid,
         mine.name or other.name,
+        mine.index if mine.index is not None else other.index,
+        mine.sm if mine.sm is not None else other.sm,
+        mine.gdr if mine.gdr is not None else other.gdr,
     )
 
 
@@ -154,7 +158,7 @@ def merge_topologies(given: Topology, found: Topology, *, name: str | None = Non
         rank = None
         if node.kind.is_compute and node.rank is not None:
             rank, next_rank = next_rank, next_rank + 1
-        builder.add_node(Node(match[node.id], node.kind, rank, node.host_id, node.numa, node.busid, node.name))
+        builder.add_node(dataclasses.replace(node, id=match[node.id], rank=rank))
         added_nodes.append(match[node.id])
 
     kinds_at: dict[str, set[LinkKind]] = {}

@@ -28,6 +28,9 @@ from topocoll.errors import FormatError, TopologyError
 
 FORMAT = "topocoll.topology/1"
 
+#: The optional node attributes of contract 1, in the order the JSON form writes them.
+NODE_ATTRIBUTES = ("rank", "host_id", "numa", "busid", "name", "index", "sm", "gdr")
+
 
 class NodeKind(str, enum.Enum):
     """What a vertex of the topology is."""
@@ -79,6 +82,14 @@ class Node:
         PCI bus id, lower case ``dddd:bb:dd.f``.
     name : str, optional
         Human-readable name (``"mlx5_0"``, ``"NVIDIA H100"``).
+    index : int, optional
+        A GPU's index on its machine as NVML and ``nvidia-smi`` number them (NCCL's ``dev``),
+        when the source says so.
+    sm : int, optional
+        A GPU's CUDA compute capability as NCCL writes it, major x 10 + minor (``90`` for
+        H100), when the source says so.
+    gdr : bool, optional
+        Whether a GPU or NIC supports GPUDirect RDMA, when the source says so (NCCL's ``gdr``).
     """
 
     id: str
@@ -88,6 +99,9 @@ class Node:
     numa: int | None = None
     busid: str | None = None
     name: str | None = None
+    index: int | None = None
+    sm: int | None = None
+    gdr: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -105,6 +119,19 @@ class Node:
             value = getattr(self, attr)
             if value is not None and not isinstance(value, str):
                 raise TopologyError(f"node {self.id}: {attr} must be a string, got {value!r}")
+        for attr, low in (("index", 0), ("sm", 1)):
+            value = getattr(self, attr)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise TopologyError(f"node {self.id}: {attr} must be an integer >= {low}, got {value!r}")
+            if self.kind is not NodeKind.GPU:
+                raise TopologyError(f"node {self.id}: only gpu nodes carry an {attr}, this is {self.kind.value}")
+        if self.gdr is not None:
+            if not isinstance(self.gdr, bool):
+                raise TopologyError(f"node {self.id}: gdr must be true or false, got {self.gdr!r}")
+            if self.kind not in (NodeKind.GPU, NodeKind.NIC):
+                raise TopologyError(f"node {self.id}: only gpu and nic nodes carry gdr, this is {self.kind.value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +352,7 @@ class Topology:
         nodes = []
         for node in self.nodes:
             entry: dict[str, Any] = {"id": node.id, "kind": node.kind.value}
-            for attr in ("rank", "host_id", "numa", "busid", "name"):
+            for attr in NODE_ATTRIBUTES:
                 value = getattr(node, attr)
                 if value is not None:
                     entry[attr] = value
@@ -448,6 +475,9 @@ def _node_from_json(entry: Any, where: str) -> Node:
             numa=entry.get("numa"),
             busid=entry.get("busid"),
             name=entry.get("name"),
+            index=entry.get("index"),
+            sm=entry.get("sm"),
+            gdr=entry.get("gdr"),
         )
     except TopologyError as exc:
         raise TopologyError(f"{where}: {exc}") from None

@@ -84,6 +84,14 @@ def _int_attr(element: XmlElement, name: str, source: str, *, minimum: int | Non
     return value
 
 
+def _flag_attr(element: XmlElement, name: str, source: str) -> bool | None:
+    """A 0/1 attribute such as ``gdr`` as a bool (None when absent)."""
+    value = _int_attr(element, name, source, minimum=0)
+    if value is not None and value > 1:
+        raise FormatError(f"{source}: line {element.line}: <{element.tag}> {name}=\"{value}\" must be 0 or 1")
+    return None if value is None else bool(value)
+
+
 def _latency_attr(element: XmlElement, source: str) -> float | None:
     raw = element.attrs.get(LATENCY_ATTR)
     if raw is None:
@@ -148,7 +156,9 @@ class _Device:
     pcie_bw: float
     busid: str | None = None
     rank: int | None = None
+    index: int | None = None
     sm: int | None = None
+    gdr: bool | None = None
     name: str | None = None
     net_bw: float | None = None
     net_latency_s: float | None = None
@@ -251,11 +261,14 @@ class _Importer:
         device.has_gpu_element = True
         device.line = gpu.line
         device.rank = _int_attr(gpu, "rank", self.source, minimum=0)
-        device.sm = _int_attr(gpu, "sm", self.source, minimum=0)
+        device.index = _int_attr(gpu, "dev", self.source, minimum=0)
+        device.sm = _int_attr(gpu, "sm", self.source, minimum=1)
+        device.gdr = _flag_attr(gpu, "gdr", self.source)
         device.nvlinks = gpu.find_all("nvlink")
 
     def net(self, net: XmlElement, device: _Device) -> None:
         device.name = net.attrs.get("name") or None
+        device.gdr = _flag_attr(net, "gdr", self.source)
         exact = _float_attr(net, BW_ATTR, self.source)
         try:
             speed = float(net.attrs.get("speed", ""))
@@ -501,7 +514,17 @@ def _build(importer: _Importer, builder: TopologyBuilder) -> None:
     for device in importer.devices:
         if device.kind is not NodeKind.NVSWITCH:
             builder.add_node(
-                Node(device.node_id, device.kind, rank=device.rank, numa=device.numa, busid=device.busid, name=device.name)
+                Node(
+                    device.node_id,
+                    device.kind,
+                    rank=device.rank,
+                    numa=device.numa,
+                    busid=device.busid,
+                    name=device.name,
+                    index=device.index,
+                    sm=device.sm,
+                    gdr=device.gdr,
+                )
             )
         parent = device.parent if isinstance(device.parent, str) else device.parent.node_id
         latency = pcie_latency if device.pcie_latency_s is None else device.pcie_latency_s

@@ -1,9 +1,12 @@
 """NCCL topology XML: export. :func:`to_nccl_xml` writes a file NCCL can load. Bandwidths are written back as
 ``link_speed``/``link_width`` and ``speed``; where those cannot express a figure exactly (and
-for NVLinks, whose per-link figure depends on a GPU model the topology does not keep) an extra
+for NVLinks, whose per-link figure depends on the GPU model) an extra
 ``topocoll_bw_bytes_per_s`` attribute holds it, and ``topocoll_latency_s`` a latency that is
-not the default of its link kind; NCCL ignores attributes it does not know. ``sm`` and ``dev``
-are not written (NCCL fills them in from the GPUs it finds). The topology's name and notes
+not the default of its link kind; NCCL ignores attributes it does not know. A GPU's ``dev``
+(its NVML index), ``sm`` and ``gdr`` and a port's ``gdr`` and ``speed`` are written where the
+topology knows them; what it does not know is left out, and NCCL fills that in for the GPUs and
+NICs it finds (a ``dev`` guessed from bus order would be wrong on a machine some of whose GPUs
+the file leaves out). The topology's name and notes
 travel as ``<!-- topocoll ... -->`` comments. So importing an exported file gives back the same
 topology: the same canonical JSON text, name and notes included. NCCL XML describes one
 machine: several hosts, host ranks, and xGMI, C2C or NVSwitch-to-NVSwitch links are refused.
@@ -293,11 +296,15 @@ class _Writer:
             for other in sorted(self.topology.graph.successors(node.id), key=natural_key)
             if self.topology.link(node.id, other).kind is LinkKind.NVLINK
         ]
-        if node.rank is None and not links:
-            return
         gpu = ElementTree.SubElement(pci, "gpu")
+        if node.index is not None:
+            gpu.set("dev", str(node.index))
+        if node.sm is not None:
+            gpu.set("sm", str(node.sm))
         if node.rank is not None:
             gpu.set("rank", str(node.rank))
+        if node.gdr is not None:
+            gpu.set("gdr", str(int(node.gdr)))
         for link in links:
             target = self.topology.node(link.dst)
             if target.kind is NodeKind.NVSWITCH:
@@ -331,3 +338,5 @@ class _Writer:
         links = self.net_links(node)
         if links:
             _set_latency(net, links[0])
+        if node.gdr is not None:
+            net.set("gdr", str(int(node.gdr)))

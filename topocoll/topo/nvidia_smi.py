@@ -243,7 +243,8 @@ def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> Topology:
     for device in matrix.devices:
         kind = NodeKind.GPU if device in gpus else NodeKind.NIC
         name = matrix.gpu_names.get(int(device[3:])) if kind is NodeKind.GPU else matrix.nic_names.get(device, device)
-        builder.add_node(Node(ids[device], kind, numa=numa[device], name=name))
+        index = int(device[len("GPU"):]) if kind is NodeKind.GPU else None
+        builder.add_node(Node(ids[device], kind, numa=numa[device], name=name, index=index))
     if nics:
         notes.append("NIC speeds are not in nvidia-smi output: no network links added")
 

@@ -101,10 +101,19 @@ class Placement:
         """The global id of the machine-local id ``local``."""
         return self.prefix + local
 
-    def add(self, local: str, kind: NodeKind, *, gpu_index: int | None = None, numa: int | None = None, name: str | None = None) -> str:
-        """Add a node; GPUs pass their index on the machine to get a rank."""
+    def add(
+        self,
+        local: str,
+        kind: NodeKind,
+        *,
+        gpu_index: int | None = None,
+        numa: int | None = None,
+        name: str | None = None,
+        sm: int | None = None,
+    ) -> str:
+        """Add a node; GPUs pass their index on the machine (to get a rank) and their ``sm``."""
         rank = None if gpu_index is None else self.rank_base + gpu_index
-        node = Node(self.id(local), kind, rank=rank, host_id=self.host_id, numa=numa, name=name)
+        node = Node(self.id(local), kind, rank=rank, host_id=self.host_id, numa=numa, name=name, index=gpu_index, sm=sm)
         return self.builder.add_node(node).id
 
     def link(self, a: str, b: str, kind: LinkKind, per_link_bw_bytes_per_s: float, count: int = 1) -> None:
@@ -156,7 +165,12 @@ class Preset:
             Number of network adapters (default: the system's own count).
         """
         builder = TopologyBuilder(name=self.name)
-        self.layout(Placement(builder), self.nics if nics is None else _check_nics(nics))
+        nic_ids = self.layout(Placement(builder), self.nics if nics is None else _check_nics(nics))
+        # Each port is cabled to a switch port the machine does not include, as in the NCCL XML
+        # import: a net_switch "net<k>" per NIC, so the port speed is part of the topology.
+        for nic in nic_ids:
+            port = builder.add_node(Node("net" + nic[len("nic"):], NodeKind.NET_SWITCH))
+            builder.add_link(nic, port.id, LinkKind.NET, self.nic_bw_bytes_per_s, bw.latency_s(LinkKind.NET))
         return builder.build()
 
 
@@ -178,8 +192,12 @@ def _host_side(
     nics: int,
     nic_name: str,
     gpu_name: str,
+    gpu_sm: int | None = None,
 ) -> tuple[str, ...]:
     """CPUs, the SMP link, PCIe switches with their GPUs (added here) and NICs.
+
+    ``gpu_sm`` is the GPU model's CUDA compute capability (NVIDIA's published table: V100 7.0,
+    A100 8.0, H100 9.0), None for models without one.
 
     GPU ``g`` is ``"gpu{g}"``; NIC ``i`` sits under switch ``i * switches // nics`` so that the
     adapters spread evenly over the switches whatever their number.
@@ -195,7 +213,7 @@ def _host_side(
         p.add(f"pcie_switch{s}", NodeKind.PCIE_SWITCH, numa=socket)
         p.link(f"pcie_switch{s}", f"cpu{socket}", LinkKind.PCIE, x16)
         for g in gpus:
-            p.add(f"gpu{g}", NodeKind.GPU, gpu_index=g, numa=socket, name=gpu_name)
+            p.add(f"gpu{g}", NodeKind.GPU, gpu_index=g, numa=socket, name=gpu_name, sm=gpu_sm)
             p.link(f"gpu{g}", f"pcie_switch{s}", LinkKind.PCIE, x16)
     nic_ids = []
     switches = len(switch_gpus)
@@ -228,6 +246,7 @@ def _layout_dgx1_v100(p: Placement, nics: int) -> tuple[str, ...]:
         nics=nics,
         nic_name="ConnectX-4 EDR 100 Gb/s",
         gpu_name="Tesla V100-SXM2",
+        gpu_sm=70,
     )
     per_link = bw.nvlink_bw_bytes_per_s(2)
     for a, b, count in DGX1_V100_NVLINKS:
@@ -246,6 +265,7 @@ def _layout_dgx2(p: Placement, nics: int) -> tuple[str, ...]:
         nics=nics,
         nic_name="ConnectX-5 EDR 100 Gb/s",
         gpu_name="Tesla V100-SXM3",
+        gpu_sm=70,
     )
     for board in (0, 1):
         gpus = range(8 * board, 8 * board + 8)
@@ -268,6 +288,7 @@ def _layout_dgx_a100(p: Placement, nics: int) -> tuple[str, ...]:
         nics=nics,
         nic_name="ConnectX-6 HDR 200 Gb/s",
         gpu_name="A100-SXM4",
+        gpu_sm=80,
     )
     _nvswitch_plane(p, range(8), range(6), (2,) * 6, generation=3)
     return nic_ids
@@ -284,6 +305,7 @@ def _layout_dgx_h100(p: Placement, nics: int) -> tuple[str, ...]:
         nics=nics,
         nic_name="ConnectX-7 NDR 400 Gb/s",
         gpu_name="H100-SXM5",
+        gpu_sm=90,
     )
     _nvswitch_plane(p, range(8), range(4), DGX_H100_LINKS_PER_SWITCH, generation=4)
     return nic_ids

@@ -102,7 +102,7 @@ def parse_rocm_smi(text: str, source: str = "<rocm-smi>") -> Topology:
     notes.append("PCIe generation and width are not in rocm-smi --showtopo output: Gen3 x16 assumed")
     for gpu in gpus:
         node_id = f"gpu{gpu[3:]}"
-        builder.add_node(Node(node_id, NodeKind.GPU, numa=numa_of[gpu]))
+        builder.add_node(Node(node_id, NodeKind.GPU, numa=numa_of[gpu], index=int(gpu[len("GPU"):])))
         builder.add_link(node_id, f"cpu{numa_of[gpu]}", LinkKind.PCIE, pcie_bw, bandwidth.latency_s(LinkKind.PCIE))
 
     for i, a in enumerate(gpus):
