@@ -90,6 +90,44 @@ def test_given_schedule_is_the_topocoll_series(capsys, flat4, tmp_path):
         assert r["redop"] == "none"
 
 
+def test_busiest_links_and_their_picture(capsys, flat4, tmp_path):
+    """A given ring allreduce on the flat star: every rank sends 2 (n - 1) blocks of S/n over its
+    link to the hub, so each such link carries 1.5 S; its busy fraction is bytes / (bw x time)."""
+    topology = flat_topology(4)
+    path = tmp_path / "ring.json"
+    path.write_text(ring(topology, "allreduce", list(topology.compute_nodes())).to_json())
+    status, out, _ = _run(capsys, ["simulate", "--topology", str(flat4), "--schedule", str(path), "--sizes", "64M",
+                                   "--model", "events", "-J", str(tmp_path / "s.json"), "--png", str(tmp_path / "load.png")])
+    assert status == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["config"]["model"] == "events"
+    links = data["config"]["busiest_links"]
+    size = 64 * 2**20
+    time_s = data["rows"][0]["results"]["topocoll"]["time_s"]
+    uplinks = [link for link in links if link["dst"] == topology.links[0].dst or link["src"] == topology.links[0].dst]
+    assert len(uplinks) == 8  # both directions of the 4 host links
+    for link in uplinks:
+        assert link["bytes"] == pytest.approx(1.5 * size)
+        assert link["utilisation"] == pytest.approx(link["bytes"] / (link["bw_bytes_per_s"] * time_s))
+    assert "# Busiest links of topocoll's schedule at 67108864 B" in out
+    assert (tmp_path / "load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_both_models_agree_on_a_ring_and_say_which_ran(capsys, flat4, tmp_path):
+    """A ring's steps each wait for the one before, so lock step costs it nothing."""
+    topology = flat_topology(4)
+    path = tmp_path / "ring.json"
+    path.write_text(ring(topology, "allgather", list(topology.compute_nodes())).to_json())
+    tables = {}
+    for model in ("events", "alpha-beta"):
+        status, out, _ = _run(capsys, ["simulate", "--topology", str(flat4), "--schedule", str(path), "--sizes", "1K:1G:32", "--model", model])
+        assert status == 0
+        assert ("event simulator" if model == "events" else "alpha-beta model") in out.splitlines()[0]
+        tables[model] = parse_table(out, SERIES, with_wrong=False)
+    for a, b in zip(tables["events"], tables["alpha-beta"]):
+        assert a["g0_time"] == pytest.approx(b["g0_time"], rel=2e-3)
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -100,6 +138,7 @@ def test_given_schedule_is_the_topocoll_series(capsys, flat4, tmp_path):
         (["--collective", "allreduce", "--ranks", "9"], "has 4 compute nodes"),
         (["--collective", "broadcast", "--root", "4"], "--root 4 is not a rank of 4"),
         (["--collective", "allreduce", "--baselines", "magic"], "unknown baseline 'magic'"),
+        (["--collective", "allreduce", "--model", "exact"], "--model 'exact': expected one of auto, events, alpha-beta"),
     ],
 )
 def test_bad_arguments(capsys, flat4, extra, message):

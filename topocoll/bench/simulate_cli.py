@@ -1,9 +1,16 @@
-"""``topocoll simulate``: the benchmark's table, predicted by the α-β model.
+"""``topocoll simulate``: the benchmark's table, predicted.
 
 For one topology and one collective it predicts time, algbw and busbw per size for topocoll's
 schedule (synthesized, or read with ``--schedule``) and for the baselines (ring, double binary
 tree, hierarchical), next to the cut bound, in the same nccl-tests-style table the benchmark
 prints, so that schedules can be compared before the machines exist.
+
+Two models: the event simulator (:mod:`topocoll.solver.events`: messages as flows sharing links
+max-min fairly, started when their data arrived) and the α-β model
+(:mod:`topocoll.solver.alpha_beta`: steps in lock step). ``--model auto`` runs the event
+simulator where it is affordable (:data:`EVENT_MODEL_BUDGET`) and the α-β model above that.
+After the table come the busiest links of topocoll's schedule at the largest size; ``--png``
+draws them on the topology.
 """
 
 from __future__ import annotations
@@ -25,6 +32,17 @@ DEFAULT_BASELINES = ("ring", "double_binary_tree", "hierarchical")
 """The baselines compared by default (names of :data:`topocoll.solver.baselines.BASELINES`)."""
 
 TOPOCOLL_LABEL = "topocoll"
+
+MODELS = ("auto", "events", "alpha-beta")
+"""``--model`` choices."""
+
+EVENT_MODEL_BUDGET = 1_500_000
+"""``--model auto`` runs the event simulator when transfers x sizes, summed over the schedules
+compared, is at most this: about 20 s on 2 cores (measured: 15 us per transfer per size for a
+12,572-transfer DGX-1 allreduce), beyond which the α-β model answers."""
+
+BUSIEST_LINKS_SHOWN = 8
+"""Links listed after the table."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +68,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--overhead-us", type=float, default=None,
         help="software overhead per step's messages in microseconds (default: the planner's, NCCL's base ring latency)",
     )
+    parser.add_argument(
+        "--model", default="auto", metavar="{" + ",".join(MODELS) + "}",
+        help="events: messages as flows sharing links, each started when its data arrived; alpha-beta: steps in lock step; "
+        "auto (default): events where affordable, else alpha-beta",
+    )
+    parser.add_argument("--png", metavar="FILE", help="draw the topology with the link load of topocoll's schedule at the largest size (PNG)")
     parser.add_argument("-J", "--json", metavar="FILE", help="write the predictions as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the table as CSV")
     parser.add_argument("--plot", metavar="FILE", help="plot predicted busbw against size (PNG)")
@@ -118,6 +142,7 @@ def simulate_report(
     per_message_overhead_s: float = 0.0,
     config: dict[str, Any] | None = None,
     make_candidates: Callable[..., tuple[Any, ...]] = planned_candidates,
+    model: str = "alpha-beta",
 ) -> Any:
     """Predict the benchmark table for topocoll's schedule and the baselines.
 
@@ -145,18 +170,22 @@ def simulate_report(
     make_candidates : callable
         ``(topology, collective, ranks, root, per_message_overhead_s) -> schedules`` to choose
         topocoll's schedule from.
+    model : str
+        ``"events"``, ``"alpha-beta"`` or ``"auto"`` (see :data:`EVENT_MODEL_BUDGET`).
 
     Returns
     -------
     Report
         ``kind="simulate"``, series ``topocoll`` then the baselines; a baseline that cannot
-        build this collective gets empty cells (logged).
+        build this collective gets empty cells (logged). Its ``config`` records the model that
+        ran and, under ``busiest_links``, the links of topocoll's schedule at the largest size.
     """
     from topocoll.bench.collective_table import COLLECTIVES, DTYPE_ITEMSIZES, canonical_dtype_name
     from topocoll.bench.report import Measurement, Report, Row
     from topocoll.solver.baselines import BASELINES
     from topocoll.solver.bound import cut_bound
     from topocoll.solver.alpha_beta import simulate
+    from topocoll.solver.events import event_sweep
     from topocoll.solver.planner import choose, max_network_flows_per_link
     from topocoll.solver.request import check_request
 
@@ -180,9 +209,14 @@ def simulate_report(
     counts = [spec.counts(size, itemsize, n) for size in sizes]
     counts = [c for c in counts if c.in_count > 0 and c.out_count > 0]
     effective = [c.size_bytes for c in counts]
+    compared = [*candidates, *(s for _, s in baseline_schedules if s is not None)]
+    model = resolve_model(model, compared, len(effective))
 
     def predict(sched: Any) -> list[Measurement]:
-        points = simulate(sched, topology, effective, per_message_overhead_s)
+        if model == "events":
+            points = event_sweep(sched, topology, effective, per_message_overhead_s)
+        else:
+            points = simulate(sched, topology, effective, per_message_overhead_s)
         return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points]
 
     # topocoll's series: at each size the candidate the planner's rule picks
@@ -219,12 +253,12 @@ def simulate_report(
     source = "given schedule" if schedule is not None else f"plan's choice among {len(candidates)} verified candidates per size"
     header = (
         f"topocoll simulate {collective.value}: {n} ranks of {topology.name or '(unnamed)'} ({digest[:19]}...), "
-        f"alpha-beta model, per-message overhead {per_message_overhead_s * 1e6:g} us",
+        f"{MODEL_TITLES[model]}, per-message overhead {per_message_overhead_s * 1e6:g} us",
         f"Ranks: {', '.join(ranks)}" + (f"; root {root}" if root is not None else ""),
         f"topocoll: {source}: {topocoll_text}",
         f"Baselines: {baseline_text or 'none'}",
         "speedup = fastest baseline time / topocoll time; bound = cut-bound algbw; %bound = topocoll algbw / bound",
-        "Predicted, not measured: steps are barriers, links are shared fluidly, arithmetic is free.",
+        "Predicted, not measured: " + MODEL_CAVEATS[model],
     )
     settings = {
         "topology": {"name": topology.name, "digest": digest, "notes": list(topology.notes), "nodes": list(ranks)},
@@ -233,6 +267,8 @@ def simulate_report(
         "root": root,
         "datatype": dtype_name,
         "per_message_overhead_s": per_message_overhead_s,
+        "model": model,
+        "busiest_links": busiest_links(chosen[-1], topology, effective[-1], per_message_overhead_s) if effective else [],
         "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
         "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
     }
@@ -251,6 +287,60 @@ def simulate_report(
     )
 
 
+MODEL_TITLES = {"events": "event simulator", "alpha-beta": "alpha-beta model"}
+MODEL_CAVEATS = {
+    "events": "messages share links max-min fairly and start when their data arrived; arithmetic is free.",
+    "alpha-beta": "steps are barriers, links are shared fluidly, arithmetic is free.",
+}
+
+
+def resolve_model(model: str, schedules: Sequence[Any], sizes: int) -> str:
+    """The model ``--model`` names; ``auto`` is the event simulator within :data:`EVENT_MODEL_BUDGET`."""
+    if model not in MODELS:
+        raise ScheduleError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
+    if model != "auto":
+        return model
+    work = sum(s.transfer_count() for s in schedules) * max(sizes, 1)
+    if work <= EVENT_MODEL_BUDGET:
+        return "events"
+    log.warning("%d transfers x %d sizes is beyond the event simulator's budget here: using the alpha-beta model", work // max(sizes, 1), sizes)
+    return "alpha-beta"
+
+
+def busiest_links(schedule: Any, topology: Any, size_bytes: float, per_message_overhead_s: float) -> list[dict[str, Any]]:
+    """Every link ``schedule`` uses at ``size_bytes``, busiest first, by the event simulator.
+
+    Each entry: ``src``, ``dst``, ``bytes``, ``bw_bytes_per_s``, ``utilisation`` (bytes over
+    bandwidth x completion time) and ``bottleneck`` (within 1 % of the busiest).
+    """
+    from topocoll.solver.events import event_sweep
+
+    (result,) = event_sweep(schedule, topology, [size_bytes], per_message_overhead_s)
+    top = {(u.src, u.dst) for u in result.bottlenecks()}
+    return [
+        {"src": u.src, "dst": u.dst, "bytes": u.bytes, "bw_bytes_per_s": u.bw_bytes_per_s,
+         "utilisation": u.utilisation, "bottleneck": (u.src, u.dst) in top}
+        for u in result.links
+    ]
+
+
+def links_text(links: Sequence[dict[str, Any]], size_bytes: float, shown: int = BUSIEST_LINKS_SHOWN) -> str:
+    """The busiest links as ``#`` comment lines after the table."""
+    if not links:
+        return ""
+    lines = [f"# Busiest links of topocoll's schedule at {size_bytes:.0f} B (event simulator; * = bottleneck):",
+             f"# {'link':<36} {'GB':>10} {'GB/s':>9} {'busy %':>7}"]
+    for link in links[:shown]:
+        name = f"{link['src']} -> {link['dst']}"
+        lines.append(
+            f"# {name:<36} {link['bytes'] / 1e9:>10.4g} {link['bw_bytes_per_s'] / 1e9:>9.4g} "
+            f"{100 * link['utilisation']:>6.1f}{' *' if link['bottleneck'] else ''}"
+        )
+    if len(links) > shown:
+        lines.append(f"# ... {len(links) - shown} more links in the JSON output")
+    return "\n".join(lines) + "\n"
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Handler of ``topocoll simulate``; prints the table, writes the requested files."""
     from topocoll.bench.collective_table import BenchArgumentError
@@ -262,10 +352,12 @@ def run_simulate(args: argparse.Namespace) -> int:
     from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S
 
     sizes = parse_size_range(args.sizes)
+    if args.model not in MODELS:
+        raise BenchArgumentError(f"--model {args.model!r}: expected one of {', '.join(MODELS)}")
     overhead_s = DEFAULT_PER_MESSAGE_OVERHEAD_S if args.overhead_us is None else args.overhead_us * 1e-6
     if not overhead_s >= 0:
         raise BenchArgumentError(f"--overhead-us must be >= 0, got {args.overhead_us}")
-    for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot)):
+    for option, path in (("-J", args.json), ("--csv", args.csv), ("--plot", args.plot), ("--png", args.png)):
         if path:
             check_output_path(path, option)
     topology = load_topology(args.topology)
@@ -305,7 +397,16 @@ def run_simulate(args: argparse.Namespace) -> int:
         baselines=baselines,
         dtype_name=args.datatype,
         per_message_overhead_s=overhead_s,
+        model=args.model,
     )
-    sys.stdout.write(report.to_text())
+    links = report.config["busiest_links"]
+    largest = report.rows[-1].size_bytes if report.rows else 0
+    sys.stdout.write(report.to_text() + links_text(links, largest))
     report.write_outputs(args.json, args.csv, args.plot)
+    if args.png:
+        from topocoll.topo.draw import draw_topology
+
+        use = {(link["src"], link["dst"]): link["utilisation"] for link in links}
+        title = f"{collective.value}, {len(ranks)} ranks of {topology.name or 'topology'}: link load at {largest:.0f} B"
+        draw_topology(topology, args.png, title=title, link_utilisation=use)
     return 0

@@ -57,6 +57,7 @@ _EDGE_COLOUR: Mapping[LinkKind, str] = MappingProxyType({
     LinkKind.LOOPBACK: "#000000",
 })
 _COLLAPSED_MARKER = ("s", "#bcbd22")
+_UNUSED_COLOUR = "#d9d9d9"
 
 
 def draw_topology(
@@ -65,6 +66,7 @@ def draw_topology(
     *,
     title: str | None = None,
     max_expanded_gpus: int = DEFAULT_MAX_EXPANDED_GPUS,
+    link_utilisation: Mapping[tuple[str, str], float] | None = None,
 ) -> None:
     """Draw ``topology`` to a PNG file at ``path`` (written atomically).
 
@@ -77,6 +79,10 @@ def draw_topology(
         Figure title (default: the topology's name and node counts).
     max_expanded_gpus : int
         Above this many GPUs, machines (nodes sharing a ``host_id``) are drawn as one box each.
+    link_utilisation : mapping of (src, dst) to float, optional
+        A load picture: each link's busy fraction (0-1, e.g. from the event simulator). Edges
+        are then coloured by the busier of their two directions (unused ones pale grey) and a
+        colour bar replaces the technology colours; widths still give the bandwidth.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -87,6 +93,7 @@ def draw_topology(
     hosts = sorted({n.host_id for n in topology.nodes if n.host_id}, key=natural_key)
     collapse = gpus > max_expanded_gpus and len(hosts) > 1
     graph, kinds, edge_kind, edge_bw, group_of = _drawing_graph(topology, collapse)
+    edge_use = _edge_utilisation(topology, collapse, link_utilisation) if link_utilisation is not None else None
     pos, groups, width_units = _layout(graph, kinds, group_of)
 
     many = len(graph) > 120
@@ -110,17 +117,32 @@ def draw_topology(
     for edge in edge_bw:
         a, b = edge
         (curved if pos[a][1] == pos[b][1] else straight).append(edge)
+    load_colours = None
+    if edge_use is not None:
+        from matplotlib import colormaps
+        from matplotlib.colors import Normalize
+
+        load_colours = (colormaps["plasma_r"], Normalize(0.0, 1.0))
+        alpha = max(alpha, 0.9)
+
+    def colour(edge, kind):
+        if load_colours is None:
+            return _EDGE_COLOUR[kind]
+        use = edge_use.get(edge, 0.0)
+        return _UNUSED_COLOUR if use <= 0 else load_colours[0](load_colours[1](min(use, 1.0)))
+
     for group, rad in ((straight, None), (curved, 0.35)):
         for kind in LinkKind:
             edges = [e for e in group if edge_kind[e] is kind]
             if not edges:
                 continue
             widths = [width(edge_bw[e]) for e in edges]
+            colours = [colour(e, kind) for e in edges]
             if rad is None:
-                nx.draw_networkx_edges(graph, pos, edgelist=edges, width=widths, edge_color=_EDGE_COLOUR[kind], alpha=alpha, ax=ax, arrows=False)
+                nx.draw_networkx_edges(graph, pos, edgelist=edges, width=widths, edge_color=colours, alpha=alpha, ax=ax, arrows=False)
             else:
                 nx.draw_networkx_edges(
-                    graph, pos, edgelist=edges, width=widths, edge_color=_EDGE_COLOUR[kind], alpha=alpha, ax=ax,
+                    graph, pos, edgelist=edges, width=widths, edge_color=colours, alpha=alpha, ax=ax,
                     arrows=True, arrowstyle="-", connectionstyle=f"arc3,rad={rad}", node_size=300,
                 )
     node_size = 120 if many else 420
@@ -147,7 +169,16 @@ def draw_topology(
         if values:
             lo, hi = min(values) / 1e9, max(values) / 1e9
             text = f"{kind.value} {lo:.3g} GB/s" if lo == hi else f"{kind.value} {lo:.3g}-{hi:.3g} GB/s"
-            handles.append(Line2D([], [], color=_EDGE_COLOUR[kind], linewidth=width(max(values)), label=text))
+            line_colour = _EDGE_COLOUR[kind] if load_colours is None else "#555555"
+            handles.append(Line2D([], [], color=line_colour, linewidth=width(max(values)), label=text))
+    if load_colours is not None:
+        from matplotlib.cm import ScalarMappable
+
+        bar_ax = fig.add_axes((1 - 2.2 / fig_w, 0.08, 0.12 / fig_w, 0.25))
+        bar = fig.colorbar(ScalarMappable(norm=load_colours[1], cmap=load_colours[0]), cax=bar_ax)
+        bar.set_label("utilisation (busier direction)", fontsize=7)
+        bar.ax.tick_params(labelsize=7)
+        handles.append(Line2D([], [], color=_UNUSED_COLOUR, linewidth=2, label="unused"))
     fig.legend(handles=handles, loc="center right", fontsize=8, title="kind / bandwidth (one direction)", title_fontsize=8, frameon=False)
 
     counts = ", ".join(f"{v} {k}" for k, v in topology.summary_counts().items())
@@ -161,6 +192,21 @@ def draw_topology(
     fig.savefig(buffer, format="png", dpi=110)
     write_atomic(path, buffer.getvalue())
     log.info("drew %d nodes to %s", len(graph), path)
+
+
+def _edge_utilisation(topology: Topology, collapse: bool, use: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """Per drawn edge, the highest utilisation among the links it stands for."""
+    out: dict[tuple[str, str], float] = {}
+    for (src, dst), value in use.items():
+        a, b = src, dst
+        if collapse:
+            a = topology.node(src).host_id or src
+            b = topology.node(dst).host_id or dst
+        if a == b:
+            continue
+        edge = (a, b) if natural_key(a) <= natural_key(b) else (b, a)
+        out[edge] = max(out.get(edge, 0.0), float(value))
+    return out
 
 
 def _drawing_graph(topology: Topology, collapse: bool):
