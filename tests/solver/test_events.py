@@ -115,9 +115,28 @@ def test_pieces_on_one_connection_go_in_order_and_pipeline():
     sched = Schedule(Collective.BROADCAST, ("gpu0", "gpu1", "gpu2"), 0, "", chunks, tuple(steps))
     lat = topo.link("gpu0", "gpu1").latency_s
     piece_s = size / pieces / bw
-    # gpu1 forwards piece j once it has arrived; gpu0's piece j + 1 waits for piece j to arrive
-    expected = pieces * (piece_s + lat) + piece_s + lat
+    # gpu0's pieces leave back to back; gpu1 forwards each once it has arrived
+    expected = pieces * piece_s + lat + piece_s + lat
     assert _one(size, sched, topo).time_s == pytest.approx(expected)
+
+
+def test_a_connection_keeps_step_order_even_when_a_later_message_is_ready():
+    """gpu2 sends chunk 0 to gpu0 (step 0), which forwards it to gpu1 (step 1) and then sends its
+    own chunk 1 to gpu1 (step 2). Chunk 1 is there from the start, but the connection gpu0 -> gpu1
+    takes its messages in step order, as a thread block does: three half-buffer sends in a row."""
+    bw, size = 10e9, 1e9
+    topo = _star({f"gpu{i}": bw for i in range(3)})
+    chunks = (Chunk(0, 0.0, 0.5), Chunk(1, 0.5, 0.5))
+    path = lambda a, b: (f"gpu{a}", "sw", f"gpu{b}")  # noqa: E731
+    steps = (
+        (Transfer(2, 0, 0, Op.COPY, path(2, 0)),),
+        (Transfer(0, 1, 0, Op.COPY, path(0, 1)),),
+        (Transfer(0, 1, 1, Op.COPY, path(0, 1)),),
+    )
+    sched = Schedule(Collective.BROADCAST, ("gpu0", "gpu1", "gpu2"), 0, "", chunks, steps)
+    latency = topo.path_latency_s(path(0, 1))
+    # chunk 0 arrives at gpu0 after S/2 / bw + latency; both sends to gpu1 follow back to back
+    assert _one(size, sched, topo).time_s == pytest.approx(3 * 0.5 * size / bw + 2 * latency)
 
 
 # ------------------------------------------------------------ the two limits of the model

@@ -12,12 +12,13 @@ The model
   also for the earlier writes (write after write). "Earlier" is the schedule's step order;
   messages of one step never wait for each other.
 - **A message per connection and step.** The transfers of one step from one rank to another
-  over the same path travel as one message, as executors send them. Messages on one
-  connection go in step order, each after the one before it has arrived (so a pipelined
-  schedule's pieces overlap: the first is on its next hop while the second is sent). Nothing
-  else orders them: there are no global steps.
+  over the same path travel as one message, as executors send them. A connection sends its
+  messages one at a time in step order, each once its data is there and the one before it has
+  left (as a thread block works through its steps). So a pipelined schedule's pieces overlap:
+  the first is on its next hop while the second is sent. Nothing else orders messages: there
+  are no global steps.
 - **A message is a flow over its path.** It enters the network ``per_message_overhead_s``
-  after its inputs are there, then sends its bytes at the rate the network gives it. Flows
+  after its connection took it up, then sends its bytes at the rate the network gives it. Flows
   that share a link share its bandwidth max-min fairly (progressive filling; every flow weighs
   the same), and rates are recomputed whenever a flow starts or ends.
 - **Its data arrives** the path's summed link latency after its last byte left (cut-through:
@@ -81,6 +82,8 @@ class EventProgram:
         Per task, where its link indices start in ``hops`` and how many there are.
     hops : numpy.ndarray
         Link indices of every task's path, task after task.
+    connection : numpy.ndarray
+        Per task, the index of its connection (-1 for joins).
     dep_count : numpy.ndarray
         Per task, how many tasks it waits for.
     dependents : tuple of tuple of int
@@ -97,6 +100,7 @@ class EventProgram:
     hop_start: np.ndarray
     hop_count: np.ndarray
     hops: np.ndarray
+    connection: np.ndarray
     dep_count: np.ndarray
     dependents: tuple[tuple[int, ...], ...]
     messages: int
@@ -189,23 +193,23 @@ def compile_events(schedule: Schedule, topology: Topology) -> EventProgram:
     graph = _Dependencies()
     writes: dict[tuple[int, int], list[int]] = {}  # (rank, chunk) -> tasks whose value it holds
     reads: dict[tuple[int, int], list[int]] = {}  # (rank, chunk) -> tasks reading that value
-    last_on: dict[tuple[int, int, tuple[str, ...]], int] = {}  # connection -> its latest message
-    message_of_task: dict[int, tuple[float, tuple[str, ...]]] = {}
+    connections: dict[tuple[int, int, tuple[str, ...]], int] = {}
+    message_of_task: dict[int, tuple[float, tuple[str, ...], int]] = {}
     for step in schedule.steps:
         messages: dict[tuple[int, int, tuple[str, ...]], list] = {}
         for t in step:
             messages.setdefault((t.src, t.dst, t.path), []).append(t)
         started = []
         for connection, transfers in messages.items():  # each sees the values from before the step
-            deps = [last_on[connection]] if connection in last_on else []
+            deps: list[int] = []
             for t in transfers:
                 deps += writes.get((t.src, t.chunk), ())
                 deps += reads.get((t.dst, t.chunk), ())
                 if t.op is Op.COPY:
                     deps += writes.get((t.dst, t.chunk), ())
             task = graph.task(deps)
-            last_on[connection] = task
-            message_of_task[task] = (sum(fractions[t.chunk] for t in transfers), connection[2])
+            share = sum(fractions[t.chunk] for t in transfers)
+            message_of_task[task] = (share, connection[2], connections.setdefault(connection, len(connections)))
             started.append((task, transfers))
         touched = set()
         for task, transfers in started:
@@ -240,11 +244,12 @@ def _program(graph: _Dependencies, message_of_task: dict, topology: Topology) ->
     hop_count = np.zeros(count, dtype=np.int64)
     hops: list[int] = []
     hop_start = np.zeros(count, dtype=np.int64)
+    connection = np.full(count, -1, dtype=np.int64)
     for task in range(count):
         hop_start[task] = len(hops)
         if task not in message_of_task:
             continue
-        share, path = message_of_task[task]
+        share, path, connection[task] = message_of_task[task]
         entry = resolved.get(path)
         if entry is None:
             try:
@@ -271,6 +276,7 @@ def _program(graph: _Dependencies, message_of_task: dict, topology: Topology) ->
         hop_start=hop_start,
         hop_count=hop_count,
         hops=np.array(hops, dtype=np.int64),
+        connection=connection,
         dep_count=np.array([len(d) for d in graph.deps], dtype=np.int64),
         dependents=tuple(tuple(d) for d in dependents),
         messages=len(message_of_task),
@@ -379,6 +385,13 @@ class _Run:
         self.done = 0
         self.events = 0
         self.last_arrival = 0.0
+        connections = int(program.connection.max()) + 1 if len(program.connection) else 0
+        self.order: list[list[int]] = [[] for _ in range(connections)]  # messages per connection, step order
+        for task in np.flatnonzero(program.connection >= 0):
+            self.order[int(program.connection[task])].append(int(task))
+        self.next = [0] * connections  # position of each connection's next message
+        self.is_ready = np.zeros(len(program.connection), dtype=bool)
+        self.busy = np.zeros(connections, dtype=bool)
 
     def finish(self) -> float:
         """Run to the end; the time the last data arrived."""
@@ -401,6 +414,7 @@ class _Run:
                     changed = True
                     for task in self.sending[ending]:
                         self.arrive(int(task))
+                        self.free(int(self.p.connection[task]))
                     keep = ~ending
                     self.sending, self.left, self.rate = self.sending[keep], self.left[keep], self.rate[keep]
             while self.timers and self.timers[0][0] <= self.now + tolerance:
@@ -411,6 +425,7 @@ class _Run:
                     new.append(task)
                 else:
                     self.arrive(task)
+                    self.free(int(self.p.connection[task]))
             if new:
                 changed = True
                 self.sending = np.concatenate([self.sending, np.array(new, dtype=np.int64)])
@@ -427,7 +442,8 @@ class _Run:
         while stack:
             task = stack.pop()
             if self.p.is_message[task]:
-                heapq.heappush(self.timers, (self.now + self.overhead, 0, task))
+                self.is_ready[task] = True
+                self.take(int(self.p.connection[task]))
                 continue
             self.done += 1
             stack.extend(self.release(task))
@@ -446,6 +462,22 @@ class _Run:
         self.done += 1
         self.last_arrival = max(self.last_arrival, self.now)
         self.ready(self.release(task))
+
+    def take(self, connection: int) -> None:
+        """Start ``connection``'s next message if the connection is free and the message ready."""
+        position = self.next[connection]
+        if self.busy[connection] or position >= len(self.order[connection]):
+            return
+        task = self.order[connection][position]
+        if self.is_ready[task]:
+            self.busy[connection] = True
+            heapq.heappush(self.timers, (self.now + self.overhead, 0, task))
+
+    def free(self, connection: int) -> None:
+        """The message on ``connection`` has left; the next one may go when ready."""
+        self.busy[connection] = False
+        self.next[connection] += 1
+        self.take(connection)
 
     def arrive(self, task: int) -> None:
         heapq.heappush(self.timers, (self.now + self.p.latency_s[task], 1, task))
