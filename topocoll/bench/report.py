@@ -424,7 +424,8 @@ class Report:
         axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: size_label(int(round(x)))))
         axes.set_xlabel("message size S (bytes)")
         axes.set_ylabel("bus bandwidth (GB/s)")
-        what = "measured" if self.kind == "bench" else "predicted (α-β model)"
+        model = {"events": "event simulator", "alpha-beta": "α-β model"}.get(self.config.get("model"), "α-β model")
+        what = "measured" if self.kind == "bench" else f"predicted ({model})"
         topology = self.config.get("topology", {}).get("name") or "topology"
         which = f" ({rows[0].dtype} {rows[0].redop})" if rows and len(rows) < len(self.rows) else ""
         axes.set_title(f"{self.collective.value}{which}, {self.world_size} ranks on {topology}: {what} busbw")

@@ -174,7 +174,9 @@ class HeaderExchange:
         the error of the call that failed."""
         if self._failure is None:
             stored = self._stored_failure()
-            if not failure.detail and stored is not None and stored.sequence == failure.sequence:
+            if stored is not None and stored.sequence < failure.sequence:
+                failure = stored  # the group broke in an earlier collective, on another rank
+            elif not failure.detail and stored is not None and stored.sequence == failure.sequence:
                 failure = stored  # the same collective's failure, in the words of the rank that saw it first
             self._failure = failure
             record = {"sequence": failure.sequence, "origin": failure.origin, "culprit": failure.culprit,
@@ -214,7 +216,11 @@ class HeaderExchange:
         the records for :data:`BLAME_LISTEN_S`: the first rank of the chain that records nothing
         is the one that is dead or stuck. (With mailboxes, heartbeats answer the same question.)
         """
-        if failure.kind is not FailureKind.SILENT or self._failure is not None or (self._shm is not None and self._shm.has_mailboxes):
+        if self._failure is not None or (self._shm is not None and self._shm.has_mailboxes):
+            return failure
+        if failure.kind is FailureKind.ABSENT:
+            return self._earlier_failure(failure)
+        if failure.kind is not FailureKind.SILENT:
             return failure
         key = f"blame/{failure.sequence}"
         try:
@@ -238,6 +244,36 @@ class HeaderExchange:
         via = " -> ".join(f"rank {r}" for r in chain)
         detail = f"{failure.detail}; it waits too: {via} -> rank {culprit}, which answers nothing"
         return Failure(failure.sequence, failure.origin, culprit, failure.kind, detail)
+
+    def _earlier_failure(self, failure: Failure) -> Failure:
+        """Why a peer did not come to this collective, if the group broke before it.
+
+        A peer whose group broke in an earlier collective (one this rank got through, e.g. a
+        reduce it only sent to) never publishes this collective's header; its abort header and
+        this rank's timeout race each other. So this rank looks in the store for
+        :data:`BLAME_LISTEN_S`: for the group's failure record of an earlier collective, or for
+        the blame the missing peer recorded when it timed out in the previous collective
+        (:meth:`_follow_blame` records it before anything else). Either names the rank really
+        missing, and is reported instead.
+        """
+        previous = failure.sequence - 1
+        blame_key = f"blame/{previous}/{failure.culprit}"
+        deadline = time.monotonic() + BLAME_LISTEN_S
+        try:
+            while True:
+                stored = self._stored_failure()
+                if stored is not None and stored.sequence < failure.sequence:
+                    return stored
+                if stored is None and previous >= 1 and self._store.check([blame_key]):
+                    culprit = int(self._store.get(blame_key))
+                    detail = f"rank {failure.culprit} waits for it since collective #{previous}, so it did not come to #{failure.sequence}"
+                    return Failure(previous, failure.culprit, culprit, FailureKind.SILENT, detail)
+                if stored is not None or time.monotonic() > deadline:
+                    return failure
+                time.sleep(BLAME_LISTEN_S / 25)
+        except Exception as exc:  # a dead store: keep what this rank saw
+            logger.debug("rank %d: cannot look for an earlier failure: %s", self._group_rank, exc)
+            return failure
 
     def _stored_failure(self) -> Failure | None:
         """The group's first failure as recorded in the store, if any rank recorded one."""

@@ -25,8 +25,9 @@ examples:
   topocoll synthesize --topology cluster.json --collective broadcast --root 3 --size 4K -o bc.json
 
 The schedule is verified before it is written. Without --size the bandwidth-optimal schedule
-is chosen; with --size the one with the lowest predicted alpha-beta time at that size (small
-messages get shallow trees or recursive doubling). When the LP fails or runs out of time, the
+is chosen; with --size the one with the lowest predicted time at that size (small messages get
+shallow trees or recursive doubling), by the event simulator where it is affordable, else the
+alpha-beta model. When the LP fails or runs out of time, the
 best verified baseline is written with a warning.
 """
 
@@ -147,8 +148,8 @@ def run_synthesize(args: argparse.Namespace) -> int:
         ),
     ]
     if size is not None:
-        alpha_beta = chosen.verification.alpha_beta_time_s
-        lines.append(f"{'':<12}alpha-beta time {format_time(alpha_beta)} at {format_size(size)}")
+        model = "event simulator" if result.model == "events" else "alpha-beta model"
+        lines.append(f"{'':<12}predicted time {format_time(chosen.predicted_time_s)} at {format_size(size)} ({model})")
     ring = result.candidate("ring")
     if ring is not None:
         lines.append(_bandwidth_line("ring", report_size, ring.t_bw_s_per_byte * report_size, bound))

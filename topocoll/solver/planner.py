@@ -3,9 +3,12 @@
 :func:`plan_collective` is the entry point of the solver. It checks the request, computes the cut bound,
 packs trees by LP (:mod:`topocoll.solver.synthesize`), lays them out at several pipeline
 depths, builds the baselines, verifies every candidate, and keeps the one with the lowest
-predicted time: the α-β time at ``size_bytes`` when a size is given (so small messages get
-shallow, low-latency schedules), else the bandwidth time (ties broken by the α-β time at
-:data:`BANDWIDTH_REFERENCE_BYTES`). Among candidates predicted within :data:`NEAR_TIE` of the
+predicted time at ``size_bytes`` when a size is given (so small messages get shallow,
+low-latency schedules), else the bandwidth time (ties broken by the predicted time at
+:data:`BANDWIDTH_REFERENCE_BYTES`). The prediction is the event simulator's
+(:mod:`topocoll.solver.events`: pieces of a pipelined layout overlap, links are shared max-min
+fairly) while the candidates hold at most :data:`EVENT_MODEL_MAX_TRANSFERS` transfers
+together, and the α-β model's (steps in lock step) above that. Among candidates predicted within :data:`NEAR_TIE` of the
 fastest, the one that puts the fewest concurrent transfers on a network link wins: the model prices
 link sharing as perfect, real transports do not. When the LP fails or runs out of
 time before it found anything, a verified baseline is returned with a warning: never nothing.
@@ -32,6 +35,11 @@ log = logging.getLogger(__name__)
 #: Software cost of one step's messages in the α-β model when nothing better is known: NCCL's
 #: base latency for a ring with the Simple protocol (``baseLat`` in ``src/graph/tuning.cc``).
 DEFAULT_PER_MESSAGE_OVERHEAD_S = 8.4e-6
+
+#: Above this many transfers over all candidates, the planner predicts with the α-β model
+#: instead of the event simulator: the simulator costs about 15 us per transfer on 2 cores
+#: (12,572 transfers of a DGX-1 allreduce in 185 ms), so this keeps it under about 1.5 s.
+EVENT_MODEL_MAX_TRANSFERS = 100_000
 
 #: Pipeline depths tried for the synthesized trees.
 PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
@@ -66,6 +74,7 @@ class Candidate:
     name: str
     schedule: Schedule
     verification: Verification
+    predicted_time_s: float | None = None  # at the plan's size, by the plan's model
 
     @property
     def t_bw_s_per_byte(self) -> float:
@@ -88,6 +97,8 @@ class Plan:
         Every verified candidate, the chosen one included.
     size_bytes : float or None
     warnings : tuple of str
+    model : str
+        What predicted the candidates' times: ``"events"`` or ``"alpha-beta"``.
     """
 
     schedule: Schedule
@@ -97,6 +108,7 @@ class Plan:
     candidates: tuple[Candidate, ...]
     size_bytes: float | None
     warnings: tuple[str, ...]
+    model: str = "alpha-beta"
 
     @property
     def ratio_to_bound(self) -> float:
@@ -193,12 +205,33 @@ def choose(times_s: Sequence[float], network_flows: Sequence[int], steps: Sequen
     return min(tied, key=lambda i: (network_flows[i], times_s[i], steps[i]))
 
 
+def predict_times(
+    candidates: Sequence[Candidate], topology: Topology, size_bytes: float, per_message_overhead_s: float
+) -> tuple[tuple[Candidate, ...], str]:
+    """``candidates`` with their predicted time at ``size_bytes``, and the model that gave it.
+
+    The event simulator while all of them hold at most :data:`EVENT_MODEL_MAX_TRANSFERS`
+    transfers together, else the α-β time their verification computed.
+    """
+    import dataclasses
+
+    if sum(c.schedule.transfer_count() for c in candidates) > EVENT_MODEL_MAX_TRANSFERS:
+        return tuple(dataclasses.replace(c, predicted_time_s=c.verification.alpha_beta_time_s) for c in candidates), "alpha-beta"
+    from topocoll.solver.events import event_sweep
+
+    timed = []
+    for c in candidates:
+        (result,) = event_sweep(c.schedule, topology, [size_bytes], per_message_overhead_s)
+        timed.append(dataclasses.replace(c, predicted_time_s=result.time_s))
+    return tuple(timed), "events"
+
+
 def _choose(candidates: Sequence[Candidate], size_bytes: float | None, topology: Topology) -> Candidate:
     if size_bytes is None:
         fastest = min(c.t_bw_s_per_byte for c in candidates)
         candidates = [c for c in candidates if c.t_bw_s_per_byte <= fastest * (1 + NEAR_TIE)]
     index = choose(
-        [c.verification.alpha_beta_time_s for c in candidates],
+        [c.predicted_time_s for c in candidates],
         [max_network_flows_per_link(c.schedule, topology) for c in candidates],
         [len(c.schedule.steps) for c in candidates],
     )
@@ -228,9 +261,10 @@ def plan_collective(
         Root rank for broadcast and reduce.
     size_bytes : float, optional
         Message size (nccl-tests convention); chooses pipeline depth and algorithm by the
-        α-β model. Without it the bandwidth-optimal schedule wins.
+        predicted time (see the module documentation). Without it the bandwidth-optimal
+        schedule wins.
     per_message_overhead_s : float
-        Software cost per step in the α-β model.
+        Software cost per message (event simulator) or per step (α-β model).
     options : SynthesisOptions
         LP settings (solver, time limit, gap); ``options.pipeline`` is ignored, depths from
         :data:`PIPELINE_DEPTHS` are compared instead.
@@ -305,11 +339,12 @@ def plan_collective(
         consider(schedule.name or name, schedule)
     if not candidates:
         raise SolverError(f"no schedule for {collective.value} over {len(ranks)} ranks verified")
-    chosen = _choose(candidates, size_bytes, topology)
+    timed, model = predict_times(candidates, topology, eval_size, per_message_overhead_s)
+    chosen = _choose(timed, size_bytes, topology)
     if chosen.name.startswith("lp"):
         status = PlanStatus.OPTIMAL if lp_optimal else PlanStatus.LIMIT
-    elif any(c.name.startswith("lp") for c in candidates):
+    elif any(c.name.startswith("lp") for c in timed):
         status = PlanStatus.BASELINE
     else:
         status = PlanStatus.FALLBACK
-    return Plan(chosen.schedule, status, bound, chosen, tuple(candidates), size_bytes, tuple(warnings))
+    return Plan(chosen.schedule, status, bound, chosen, timed, size_bytes, tuple(warnings), model)
