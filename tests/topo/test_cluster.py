@@ -114,9 +114,77 @@ def test_rail_split_over_leaves_gets_spines():
     assert nx.is_strongly_connected(fabric)
 
 
+def _switches(topo: Topology, prefix: str) -> list[str]:
+    return [n.id for n in topo.nodes_of(NodeKind.NET_SWITCH) if n.id.startswith(prefix)]
+
+
+def _bw(topo: Topology, src_prefix: str, dst: str) -> float:
+    return sum(l.bw_bytes_per_s for l in topo.links if l.dst == dst and l.src.startswith(src_prefix))
+
+
+@pytest.mark.parametrize("ratio", [1.0, 3.0])
+def test_three_tiers_when_leaves_outnumber_a_spines_ports(ratio):
+    """16 DGX H100 on 8-port switches: 128 NICs, leaves of floor(8 r / (1 + r)) machine ports, more
+    leaves than 8, so pods of 4 leaves with their own spines, and core groups above them."""
+    radix = 8
+    topo = make_cluster("dgx-h100", 16, network="fat-tree", switch_radix=radix, oversubscription=ratio)
+    down_ports = math.floor(radix * ratio / (1 + ratio))
+    uplinks = radix - down_ports
+    leaves = _leaves(topo)
+    assert len(leaves) == math.ceil(128 / down_ports)
+    pods = math.ceil(len(leaves) / (radix // 2))
+    assert len(_switches(topo, "pod")) == pods * uplinks and len(_switches(topo, "core")) == uplinks
+    assert not _spines(topo) and not topo.notes
+    for leaf in leaves:
+        down, up = sum(l.bw_bytes_per_s for l in topo.links if l.dst == leaf and "nic" in l.src), sum(
+            l.bw_bytes_per_s for l in topo.links if l.src == leaf and l.dst.startswith("pod")
+        )
+        assert down / up == pytest.approx(ratio)
+    for spine in _switches(topo, "pod"):
+        from_leaves = _bw(topo, "leaf", spine)
+        to_core = sum(l.bw_bytes_per_s for l in topo.links if l.src == spine and l.dst.startswith("core"))
+        assert to_core == pytest.approx(from_leaves)  # spines and cores do not oversubscribe
+    # what leaves a pod towards the cores is all its leaves send up: one pod's NICs' bandwidth / ratio
+    pod0 = [n for n in _switches(topo, "pod0.")]
+    leaving = sum(l.bw_bytes_per_s for l in topo.links if l.src in pod0 and l.dst.startswith("core"))
+    pod0_nics = sum(1 for l in topo.links if "nic" in l.src and l.dst in leaves[: radix // 2])
+    assert leaving == pytest.approx(pod0_nics * 50e9 / ratio)
+    fabric = topo.graph.subgraph([n.id for n in topo.nodes_of(NodeKind.NET_SWITCH)])
+    assert nx.is_strongly_connected(fabric)
+
+
+def test_two_tiers_can_be_asked_for_and_say_what_a_spine_stands_for():
+    topo = make_cluster("dgx-h100", 16, network="fat-tree", switch_radix=8, tiers=2)
+    assert _spines(topo) and not _switches(topo, "core")
+    assert any("each spine here stands for a group of switches" in note for note in topo.notes)
+
+
+def test_superpod_scalable_units_put_each_units_rail_on_its_own_leaf():
+    topo = make_cluster("dgx-h100", 8, network="superpod", su_nodes=4)
+    leaves = _leaves(topo)
+    assert len(leaves) == 2 * 8  # 2 units x 8 rails
+    seen = set()
+    for leaf in leaves:
+        nics = sorted(l.src for l in topo.links if l.dst == leaf and "nic" in l.src)
+        machines = {int(n.split(".")[0][1:]) for n in nics}
+        rails = {n.rsplit("nic", 1)[1] for n in nics}
+        assert len(nics) == 4 and len(rails) == 1 and len({m // 4 for m in machines}) == 1
+        seen.add((min(machines) // 4, rails.pop()))
+        down, up = _down_up(topo, leaf)
+        assert up == pytest.approx(down)
+    assert len(seen) == 16
+    assert len(_spines(topo)) == DEFAULT_SWITCH_RADIX - DEFAULT_SWITCH_RADIX // 2
+    assert nx.is_strongly_connected(topo.graph)
+
+
+def test_superpod_unit_must_fit_a_leaf():
+    with pytest.raises(TopologyError, match="su_nodes 40 does not fit a leaf"):
+        make_cluster("dgx-h100", 80, network="superpod", su_nodes=40)
+
+
 def test_whole_cluster_is_strongly_connected():
-    for network in ("rail", "fat-tree"):
-        topo = make_cluster("dgx1-v100", 5, network=network, switch_radix=4)
+    for network in ("rail", "fat-tree", "superpod"):
+        topo = make_cluster("dgx1-v100", 5, network=network, switch_radix=4, su_nodes=2)
         assert nx.is_strongly_connected(topo.graph)
 
 
@@ -138,6 +206,9 @@ def test_nic_options():
         ({"preset": "dgx-h100", "nodes": 2, "nics_per_node": 0}, "nics_per_node"),
         ({"preset": "dgx-h100", "nodes": 2, "network": "torus"}, "unknown network 'torus'"),
         ({"preset": "dgx-h100", "nodes": 2, "oversubscription": 0.0}, "oversubscription"),
+        ({"preset": "dgx-h100", "nodes": 2, "oversubscription": 0.5}, "oversubscription must be a finite number >= 1"),
+        ({"preset": "dgx-h100", "nodes": 2, "tiers": 4}, "tiers must be 2, 3 or None"),
+        ({"preset": "dgx-h100", "nodes": 2, "network": "superpod", "su_nodes": 0}, "su_nodes"),
         ({"preset": "dgx-h100", "nodes": 2, "oversubscription": float("nan")}, "oversubscription"),
         ({"preset": "dgx-h100", "nodes": 2, "nic_bw_bytes_per_s": float("inf")}, "nic_bw_bytes_per_s"),
         ({"preset": "dgx-h100", "nodes": 2, "nic_bw_bytes_per_s": -1.0}, "nic_bw_bytes_per_s"),

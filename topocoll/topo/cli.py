@@ -18,7 +18,7 @@ from collections import defaultdict
 from topocoll.errors import FormatError
 from topocoll.fileio import check_output_path
 from topocoll.topo import bandwidth as bw
-from topocoll.topo.cluster import DEFAULT_SWITCH_RADIX, Network, make_cluster
+from topocoll.topo.cluster import DEFAULT_SWITCH_RADIX, SUPERPOD_SU_NODES, Network, make_cluster
 from topocoll.topo.model import LinkKind, NodeKind, Topology, natural_key
 from topocoll.topo.presets import PRESETS, get_preset
 
@@ -86,16 +86,20 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
         "preset",
         help="write the topology of a known system, or of a cluster of them",
         description="Write the topology of a known system (see `topocoll topo list-presets`), or of "
-        "K such machines joined by a rail-optimized or fat-tree network. Ranks are numbered "
-        "node-major; machine k's nodes are named n{k}.gpu0, n{k}.nic0, ...\n\n"
+        "K such machines joined by a rail-optimized, fat-tree or SuperPOD (scalable units) network of "
+        "two or three switch tiers. Ranks are numbered node-major; machine k's nodes are named "
+        "n{k}.gpu0, n{k}.nic0, ... --alloc-nodes / --alloc-gpus keep the part of the cluster one job "
+        "gets from a scheduler: random machines, and random GPUs of each.\n\n"
         "examples:\n  topocoll topo preset dgx-h100 -o h100.json\n"
         "  topocoll topo preset dgx-h100 --nodes 4 -o h100x4.json\n"
         "  topocoll topo preset dgx-a100 --nodes 16 --network fat-tree --oversubscription 2 -o a100.json\n"
+        "  topocoll topo preset dgx-h100 --nodes 1024 --network superpod -o superpod-8192.json\n"
+        "  topocoll topo preset dgx-h100 --nodes 128 --alloc-nodes 12 --alloc-gpus 4 --seed 3 -o job.json\n"
         "  topocoll topo preset pcie-8gpu --nodes 2 --nics-per-node 1 --nic-gbit 100 -o pcie.xml --png pcie.png",
         formatter_class=raw,
     )
     preset.add_argument("name", metavar="NAME", help=f"preset name: {', '.join(PRESETS)}")
-    preset.add_argument("--nodes", type=int, default=1, metavar="K", help="number of machines (default 1: no network)")
+    preset.add_argument("--nodes", type=int, default=1, metavar="K", help="number of machines (default 1: the machine alone)")
     preset.add_argument("--nics-per-node", type=int, metavar="N", help="network adapters per machine (default: the system's)")
     preset.add_argument(
         "--network", choices=[n.value for n in Network], default=Network.RAIL.value, help="fabric joining the machines (default rail)"
@@ -109,6 +113,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
         "--switch-radix", type=int, default=DEFAULT_SWITCH_RADIX, metavar="P",
         help=f"ports per network switch (default {DEFAULT_SWITCH_RADIX})",
     )
+    preset.add_argument(
+        "--tiers", type=int, metavar="T",
+        help="switch tiers where spines are needed: 2 or 3 (default: 3 exactly when the leaves outnumber a spine's ports)",
+    )
+    preset.add_argument(
+        "--su-nodes", type=int, default=SUPERPOD_SU_NODES, metavar="M",
+        help=f"machines per scalable unit of --network superpod (default {SUPERPOD_SU_NODES})",
+    )
+    preset.add_argument("--alloc-nodes", type=int, metavar="J", help="keep J machines, chosen at random (a job's allocation)")
+    preset.add_argument("--alloc-gpus", type=int, metavar="G", help="keep G GPUs of each kept machine, chosen at random")
+    preset.add_argument("--seed", type=int, default=0, help="seed of the allocation's random choices (default 0)")
     preset.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write (.json or .xml)")
     preset.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
     preset.set_defaults(func=cmd_preset)
@@ -217,7 +232,13 @@ def cmd_preset(args: argparse.Namespace) -> int:
         nic_bw_bytes_per_s=nic_bw,
         oversubscription=args.oversubscription,
         switch_radix=args.switch_radix,
+        tiers=args.tiers,
+        su_nodes=args.su_nodes,
     )
+    if args.alloc_nodes is not None or args.alloc_gpus is not None:
+        from topocoll.topo.allocation import allocate
+
+        topology = allocate(topology, args.alloc_nodes, args.alloc_gpus, seed=args.seed)
     save_topology(topology, args.output)
     if args.png:
         from topocoll.topo.draw import draw_topology
