@@ -36,10 +36,10 @@ TOPOCOLL_LABEL = "topocoll"
 MODELS = ("auto", "events", "alpha-beta")
 """``--model`` choices."""
 
-EVENT_MODEL_BUDGET = 1_500_000
-"""``--model auto`` runs the event simulator when transfers x sizes, summed over the schedules
-compared, is at most this: about 20 s on 2 cores (measured: 15 us per transfer per size for a
-12,572-transfer DGX-1 allreduce), beyond which the α-β model answers."""
+EVENT_MODEL_BUDGET = 100_000
+"""``--model auto`` runs the event simulator when messages x sizes, summed over the schedules
+compared, is at most this: 15-30 s on 2 cores (150-310 us per message and size,
+``benchmarks/results/events_bench.md``), beyond which the α-β model answers."""
 
 BUSIEST_LINKS_SHOWN = 8
 """Links listed after the table."""
@@ -300,10 +300,12 @@ def resolve_model(model: str, schedules: Sequence[Any], sizes: int) -> str:
         raise ScheduleError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
     if model != "auto":
         return model
-    work = sum(s.transfer_count() for s in schedules) * max(sizes, 1)
+    from topocoll.solver.events import message_count
+
+    work = sum(message_count(s) for s in schedules) * max(sizes, 1)
     if work <= EVENT_MODEL_BUDGET:
         return "events"
-    log.warning("%d transfers x %d sizes is beyond the event simulator's budget here: using the alpha-beta model", work // max(sizes, 1), sizes)
+    log.warning("%d messages x %d sizes is beyond the event simulator's budget here: using the alpha-beta model", work // max(sizes, 1), sizes)
     return "alpha-beta"
 
 

@@ -50,7 +50,7 @@ from topocoll.solver.metrics import algbw_bytes_per_s, bus_factor
 from topocoll.solver.schedule import Op, Schedule
 from topocoll.topo.model import Topology
 
-__all__ = ["EventProgram", "EventResult", "LinkUse", "compile_events", "simulate_events"]
+__all__ = ["EventProgram", "EventResult", "LinkUse", "compile_events", "event_sweep", "message_count", "simulate_events"]
 
 #: Two events closer than this fraction of the current time are one event: symmetric schedules
 #: end many flows at the same instant up to floating-point rounding.
@@ -303,24 +303,21 @@ def max_min_rates(flow_links: np.ndarray, flow_of_hop: np.ndarray, flows: int, c
         One rate per flow; a flow without hops gets ``inf``.
     """
     rates = np.full(flows, np.inf)
-    free = np.ones(flows, dtype=bool)
     left = capacity.astype(float).copy()
-    hop_free = np.ones(len(flow_links), dtype=bool)
     links = len(capacity)
-    while hop_free.any():
-        crossing = np.bincount(flow_links[hop_free], minlength=links)
+    hop_links, hop_flows = flow_links, flow_of_hop  # the hops of flows not fixed yet
+    while hop_links.size:
+        crossing = np.bincount(hop_links, minlength=links)
         used = crossing > 0
         share = np.full(links, np.inf)
         share[used] = np.maximum(left[used], 0.0) / crossing[used]
         level = share.min()
-        saturated = share <= level * (1 + 1e-12)
-        fixed_hops = hop_free & saturated[flow_links]
-        fixed = np.unique(flow_of_hop[fixed_hops])
+        fixed = np.zeros(flows, dtype=bool)
+        fixed[hop_flows[share[hop_links] <= level * (1 + 1e-12)]] = True
         rates[fixed] = level
-        free[fixed] = False
-        newly = hop_free & ~free[flow_of_hop]
-        left -= level * np.bincount(flow_links[newly], minlength=links)
-        hop_free &= free[flow_of_hop]
+        fixed_hops = fixed[hop_flows]
+        left -= level * np.bincount(hop_links[fixed_hops], minlength=links)
+        hop_links, hop_flows = hop_links[~fixed_hops], hop_flows[~fixed_hops]
     return rates
 
 
@@ -492,6 +489,12 @@ class _Run:
         offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         flow_links = self.p.hops[np.repeat(starts, counts) + offsets]
         self.rate = max_min_rates(flow_links, flow_of_hop, len(self.sending), self.p.bw_bytes_per_s)
+
+
+def message_count(schedule: Schedule) -> int:
+    """How many messages the simulator will move for ``schedule`` (its cost follows this number):
+    the transfers of one step from one rank to another over one path are one message."""
+    return sum(len({(t.src, t.dst, t.path) for t in step}) for step in schedule.steps)
 
 
 def event_sweep(

@@ -7,8 +7,9 @@ predicted time at ``size_bytes`` when a size is given (so small messages get sha
 low-latency schedules), else the bandwidth time (ties broken by the predicted time at
 :data:`BANDWIDTH_REFERENCE_BYTES`). The prediction is the event simulator's
 (:mod:`topocoll.solver.events`: pieces of a pipelined layout overlap, links are shared max-min
-fairly) while the candidates hold at most :data:`EVENT_MODEL_MAX_TRANSFERS` transfers
-together, and the α-β model's (steps in lock step) above that. Among candidates predicted within :data:`NEAR_TIE` of the
+fairly) for the candidates the α-β model (steps in lock step) puts near the fastest, while they
+hold at most :data:`EVENT_MODEL_MAX_MESSAGES` messages together (:func:`predict_times`), and
+the α-β model's otherwise. Among candidates predicted within :data:`NEAR_TIE` of the
 fastest, the one that puts the fewest concurrent transfers on a network link wins: the model prices
 link sharing as perfect, real transports do not. When the LP fails or runs out of
 time before it found anything, a verified baseline is returned with a warning: never nothing.
@@ -36,10 +37,18 @@ log = logging.getLogger(__name__)
 #: base latency for a ring with the Simple protocol (``baseLat`` in ``src/graph/tuning.cc``).
 DEFAULT_PER_MESSAGE_OVERHEAD_S = 8.4e-6
 
-#: Above this many transfers over all candidates, the planner predicts with the α-β model
-#: instead of the event simulator: the simulator costs about 15 us per transfer on 2 cores
-#: (12,572 transfers of a DGX-1 allreduce in 185 ms), so this keeps it under about 1.5 s.
-EVENT_MODEL_MAX_TRANSFERS = 100_000
+#: Above this many messages over the candidates it would simulate, the planner predicts with
+#: the α-β model instead of the event simulator. The simulator's cost follows the messages
+#: (transfers of one step between two ranks on one path) more closely than the transfers:
+#: 150-310 us per message on 2 cores (``benchmarks/results/events_bench.md``: 1,783 messages
+#: of a DGX-1 allreduce in 0.28 s, 8,292 of a DGX A100 allgather in 2.5 s), so this keeps the
+#: simulations of one plan within about 2 s.
+EVENT_MODEL_MAX_MESSAGES = 6_000
+
+#: Candidates the α-β model predicts more than this many times slower than its fastest are not
+#: simulated (their α-β time stands): overlapped execution changed no candidate's time by more
+#: than a quarter in ``benchmarks/results/events_bench.md``.
+EVENT_MODEL_SHORTLIST = 2.0
 
 #: Pipeline depths tried for the synthesized trees.
 PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
@@ -210,20 +219,26 @@ def predict_times(
 ) -> tuple[tuple[Candidate, ...], str]:
     """``candidates`` with their predicted time at ``size_bytes``, and the model that gave it.
 
-    The event simulator while all of them hold at most :data:`EVENT_MODEL_MAX_TRANSFERS`
-    transfers together, else the α-β time their verification computed.
+    The candidates within :data:`EVENT_MODEL_SHORTLIST` of the fastest by the α-β time their
+    verification computed are run through the event simulator, when they hold at most
+    :data:`EVENT_MODEL_MAX_MESSAGES` messages together; the others keep their α-β time.
+    Beyond that budget every candidate keeps its α-β time.
     """
     import dataclasses
 
-    if sum(c.schedule.transfer_count() for c in candidates) > EVENT_MODEL_MAX_TRANSFERS:
-        return tuple(dataclasses.replace(c, predicted_time_s=c.verification.alpha_beta_time_s) for c in candidates), "alpha-beta"
-    from topocoll.solver.events import event_sweep
+    from topocoll.solver.events import compile_events, simulate_events
 
-    timed = []
-    for c in candidates:
-        (result,) = event_sweep(c.schedule, topology, [size_bytes], per_message_overhead_s)
-        timed.append(dataclasses.replace(c, predicted_time_s=result.time_s))
-    return tuple(timed), "events"
+    alpha_beta = [c.verification.alpha_beta_time_s for c in candidates]
+    shortlist = [i for i, t in enumerate(alpha_beta) if t <= min(alpha_beta) * EVENT_MODEL_SHORTLIST]
+    programs = {}
+    for i in sorted(shortlist, key=lambda i: candidates[i].schedule.transfer_count()):
+        programs[i] = compile_events(candidates[i].schedule, topology)
+        if sum(p.messages for p in programs.values()) > EVENT_MODEL_MAX_MESSAGES:
+            return tuple(dataclasses.replace(c, predicted_time_s=t) for c, t in zip(candidates, alpha_beta)), "alpha-beta"
+    times = list(alpha_beta)
+    for i, program in programs.items():
+        times[i] = simulate_events(program, candidates[i].schedule, size_bytes, per_message_overhead_s).time_s
+    return tuple(dataclasses.replace(c, predicted_time_s=t) for c, t in zip(candidates, times)), "events"
 
 
 def _choose(candidates: Sequence[Candidate], size_bytes: float | None, topology: Topology) -> Candidate:
