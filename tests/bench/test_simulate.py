@@ -16,7 +16,7 @@ FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1
            "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
 """nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md), written out here independently."""
 
-SERIES = 4  # topocoll, ring, double_binary_tree, hierarchical
+SERIES = 5  # topocoll, ring, multichannel_ring, double_binary_tree, hierarchical
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_flat_allreduce_against_hand_derived_figures(capsys, flat4, tmp_path):
     # a ring over a star of equal links moves S/n per link per step: busbw -> link bandwidth
     assert rows[-1]["g1_busbw"] == pytest.approx(link_bw_gb, rel=2e-3)
     data = json.loads((tmp_path / "s.json").read_text())
-    assert data["kind"] == "simulate" and data["series"] == ["topocoll", "ring", "double_binary_tree", "hierarchical"]
+    assert data["kind"] == "simulate" and data["series"] == ["topocoll", "ring", "multichannel_ring", "double_binary_tree", "hierarchical"]
     for row in data["rows"]:
         # plan() keeps the candidate with the lowest predicted time, and the baselines are among
         # its candidates: topocoll's prediction is never slower than theirs at any size

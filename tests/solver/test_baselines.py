@@ -14,6 +14,7 @@ from topocoll.solver.baselines import (
     BASELINES,
     double_binary_tree,
     hierarchical,
+    multichannel_ring,
     rank_order_ring,
     recursive_doubling,
     ring,
@@ -246,3 +247,50 @@ def test_baselines_survive_the_json_round_trip():
             again = Schedule.from_json(sched.to_json())
             assert again == sched
             assert verify(again, topo).ok
+
+
+# ------------------------------------------------------------------ multi-channel ring
+def test_one_channel_is_the_ring():
+    topo = H.cluster(2, 4)
+    for collective in (Collective.ALLREDUCE, Collective.ALLGATHER):
+        one = verify(multichannel_ring(topo, collective, channels=1), topo)
+        plain = verify(ring(topo, collective), topo)
+        assert one.t_bw_s_per_byte == pytest.approx(plain.t_bw_s_per_byte)
+
+
+def test_channels_split_the_buffer_evenly():
+    topo = H.nvswitch_box(4)
+    sched = multichannel_ring(topo, Collective.ALLREDUCE, channels=3)
+    assert len(sched.chunks) == 3 * 4 and all(c.size == pytest.approx(1 / 12) for c in sched.chunks)
+    sched = multichannel_ring(topo, Collective.ALLGATHER, channels=3)
+    for rank in range(4):  # rank r's shard [r/4, (r+1)/4) is cut into one piece per channel
+        mine = [c for c in sched.chunks if rank / 4 - 1e-12 <= c.offset < (rank + 1) / 4 - 1e-12]
+        assert len(mine) == 3 and sum(c.size for c in mine) == pytest.approx(0.25)
+
+
+def test_channels_cross_between_machines_through_different_nics():
+    """Two machines of 4 GPUs, one NIC per GPU: one ring leaves each machine through one NIC;
+    the channels leave through several, so the busiest NIC link carries less."""
+    topo = H.cluster(2, 4)
+    sched = multichannel_ring(topo, Collective.ALLGATHER)
+    nics_used = {node for step in sched.steps for t in step for node in t.path if "nic" in node}
+    assert len({n for n in nics_used if n.startswith("n0.")}) >= 2
+    assert verify(sched, topo).t_bw_s_per_byte < verify(ring(topo, Collective.ALLGATHER), topo).t_bw_s_per_byte
+
+
+def test_channels_spread_over_nvswitch_planes():
+    """A DGX H100's GPUs reach each other through 4 NVSwitch chips (5/4/4/5 links each): the one
+    widest route uses one chip, the channels use all four."""
+    from topocoll.topo.presets import build_preset
+
+    topo = build_preset("dgx-h100")
+    sched = multichannel_ring(topo, Collective.ALLREDUCE)
+    switches = {node for step in sched.steps for t in step for node in t.path if node.startswith("nvswitch")}
+    assert switches == {f"nvswitch{i}" for i in range(4)}
+    best = verify(sched, topo).t_bw_s_per_byte
+    assert best < 0.5 * verify(ring(topo, Collective.ALLREDUCE), topo).t_bw_s_per_byte
+
+
+def test_bad_channel_count_is_refused():
+    with pytest.raises(ScheduleError, match="channels must be an integer >= 1"):
+        multichannel_ring(H.nvswitch_box(4), Collective.ALLREDUCE, channels=0)

@@ -28,7 +28,7 @@ __all__ = ["register", "run_simulate", "simulate_report", "parse_ranks", "DEFAUL
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASELINES = ("ring", "double_binary_tree", "hierarchical")
+DEFAULT_BASELINES = ("ring", "multichannel_ring", "double_binary_tree", "hierarchical")
 """The baselines compared by default (names of :data:`topocoll.solver.baselines.BASELINES`)."""
 
 TOPOCOLL_LABEL = "topocoll"

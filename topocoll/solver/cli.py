@@ -150,11 +150,12 @@ def run_synthesize(args: argparse.Namespace) -> int:
     if size is not None:
         model = "event simulator" if result.model == "events" else "alpha-beta model"
         lines.append(f"{'':<12}predicted time {format_time(chosen.predicted_time_s)} at {format_size(size)} ({model})")
-    ring = result.candidate("ring")
-    if ring is not None:
-        lines.append(_bandwidth_line("ring", report_size, ring.t_bw_s_per_byte * report_size, bound))
-    else:
-        lines.append(f"{'ring':<12}n/a (not built for this many ranks)")
+    for label, name, what in (("ring", "ring", ""), ("rings", "multichannel_ring", "  [NCCL-style, one ring per channel]")):
+        candidate = result.candidate(name)
+        if candidate is not None:
+            lines.append(_bandwidth_line(label, report_size, candidate.t_bw_s_per_byte * report_size, bound, what))
+        else:
+            lines.append(f"{label:<12}n/a (not built for this many ranks)")
     lines.append(f"{'solved in':<12}{elapsed:.2f} s ({options.solver})")
     write_atomic(args.output, chosen.schedule.to_json())
     lines.append(f"{'wrote':<12}{args.output}")

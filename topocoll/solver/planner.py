@@ -2,7 +2,8 @@
 
 :func:`plan_collective` is the entry point of the solver. It checks the request, computes the cut bound,
 packs trees by LP (:mod:`topocoll.solver.synthesize`), lays them out at several pipeline
-depths, builds the baselines, verifies every candidate, and keeps the one with the lowest
+depths, adds the direct multi-path schedule on small worlds (:mod:`topocoll.solver.direct`:
+one step per phase, each pair over several paths), builds the baselines, verifies every candidate, and keeps the one with the lowest
 predicted time at ``size_bytes`` when a size is given (so small messages get shallow,
 low-latency schedules), else the bandwidth time (ties broken by the predicted time at
 :data:`BANDWIDTH_REFERENCE_BYTES`). The prediction is the event simulator's
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from topocoll.errors import SolverError
 from topocoll.solver import baselines
 from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.direct import direct
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.solver.synthesize import SynthesisOptions, layout, pack_for
@@ -50,6 +52,12 @@ EVENT_MODEL_MAX_MESSAGES = 6_000
 #: than a quarter in ``benchmarks/results/events_bench.md``.
 EVENT_MODEL_SHORTLIST = 2.0
 
+#: Up to this many ranks the direct multi-path schedule (:mod:`topocoll.solver.direct`) is a
+#: candidate: it holds 2 N (N - 1) transfers per piece of a shard (a few dozen pieces on 8 GPUs).
+DIRECT_MAX_RANKS = 16
+
+DIRECT_COLLECTIVES = frozenset({Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER})
+
 #: Pipeline depths tried for the synthesized trees.
 PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
 
@@ -72,6 +80,7 @@ class PlanStatus(str, enum.Enum):
 
     OPTIMAL = "optimal"  # LP trees within the gap of the bound (or proven optimal)
     LIMIT = "limit"  # LP trees, but column generation stopped at its time limit
+    DIRECT = "direct"  # the direct multi-path schedule was predicted fastest at this size
     FALLBACK = "fallback"  # the LP failed; a baseline was chosen instead
     BASELINE = "baseline"  # a baseline was predicted faster at this size
 
@@ -335,6 +344,11 @@ def plan_collective(
     except SolverError as exc:
         warnings.append(f"LP synthesis failed ({exc}); using the best baseline")
         log.warning("LP synthesis failed: %s", exc)
+    if collective in DIRECT_COLLECTIVES and len(ranks) <= DIRECT_MAX_RANKS:
+        try:
+            consider("direct", direct(topology, collective, ranks))
+        except SolverError as exc:  # the traffic routing LP failed: the other candidates stand
+            log.info("direct schedule not built: %s", exc)
 
     names = baseline_names if baseline_names is not None else tuple(baselines.BASELINES)
     if large and baseline_names is None:
@@ -356,7 +370,9 @@ def plan_collective(
         raise SolverError(f"no schedule for {collective.value} over {len(ranks)} ranks verified")
     timed, model = predict_times(candidates, topology, eval_size, per_message_overhead_s)
     chosen = _choose(timed, size_bytes, topology)
-    if chosen.name.startswith("lp"):
+    if chosen.name == "direct":
+        status = PlanStatus.DIRECT
+    elif chosen.name.startswith("lp"):
         status = PlanStatus.OPTIMAL if lp_optimal else PlanStatus.LIMIT
     elif any(c.name.startswith("lp") for c in timed):
         status = PlanStatus.BASELINE

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from topocoll.solver.baselines.double_binary_tree import double_binary_tree
 from topocoll.solver.baselines.hierarchical import hierarchical
+from topocoll.solver.baselines.multichannel_ring import multichannel_ring
 from topocoll.solver.baselines.ordering import EXHAUSTIVE_RING_MAX_RANKS, GREEDY_RING_MAX_RANKS, ring_order
 from topocoll.solver.baselines.recursive_doubling import recursive_doubling
 from topocoll.solver.baselines.ring import rank_order_ring, ring
@@ -35,6 +36,7 @@ __all__ = [
     "GREEDY_RING_MAX_RANKS",
     "double_binary_tree",
     "hierarchical",
+    "multichannel_ring",
     "rank_order_ring",
     "recursive_doubling",
     "ring",
@@ -45,6 +47,7 @@ __all__ = [
 #: ``(topology, collective, ranks=None, root=None, nchunks=None, routes=None) -> Schedule``.
 BASELINES: dict[str, Callable[..., Schedule]] = {
     "ring": ring,
+    "multichannel_ring": multichannel_ring,
     "double_binary_tree": double_binary_tree,
     "hierarchical": hierarchical,
     "recursive_doubling": recursive_doubling,
