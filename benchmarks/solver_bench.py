@@ -15,6 +15,8 @@ topology and collective (allgather, reduce-scatter, allreduce, 64 MiB) the child
 - ``plan_s``: :func:`topocoll.solver.planner.plan_collective` at 64 MiB (packs again, lays out
   every pipeline depth, builds and verifies the baselines, picks by α-β time);
 - ``chosen`` and ``chosen_pct``: the planner's choice and its % of bound;
+- ``rings_pct``: the multi-channel ring's (NCCL's rings as NCCL runs them), the planner's
+  candidate or, where the planner leaves it out, built here up to ``--ring-max-ranks`` ranks;
 - ``ring_pct`` and ``dbt_pct``: the ring and double-binary-tree candidates' % of bound. The
   planner leaves the ring out above :data:`topocoll.solver.planner.LARGE_WORLD_RANKS` ranks
   (its schedule has N^2 transfers); it is then built and verified here directly when
@@ -68,6 +70,7 @@ class Row:
     chosen_pct: float | None
     ring_pct: float | None
     dbt_pct: float | None
+    rings_pct: float | None
     peak_rss_bytes: int | None
     note: str = ""
 
@@ -175,6 +178,13 @@ def run_case(name: str, kind: str, ring_max_ranks: int) -> list[Row]:
             del schedule, ring_check
         elif plan.candidate("ring") is None:
             notes.append(f"ring n/a: over {ring_max_ranks} ranks its N^2 transfers are not built")
+        rings_pct = pct(plan.candidate("multichannel_ring"))
+        if rings_pct is None and len(ranks) <= ring_max_ranks:
+            schedule = baselines.BASELINES["multichannel_ring"](topo, collective, ranks)
+            rings_check = verify(schedule, topo)
+            rings_pct = 100 * plan.bound.time_per_byte_s / rings_check.t_bw_s_per_byte if rings_check.ok else None
+            notes.append("multi-channel ring built outside the planner")
+            del schedule, rings_check
         if plan.candidate("double_binary_tree") is None:
             notes.append("dbt n/a: no double-binary-tree candidate (the builder returns another baseline for this collective)")
         notes.extend(plan.warnings)
@@ -190,6 +200,7 @@ def run_case(name: str, kind: str, ring_max_ranks: int) -> list[Row]:
             100 * plan.ratio_to_bound,
             ring_pct,
             pct(plan.candidate("double_binary_tree")),
+            rings_pct,
             None,
             "; ".join(notes),
         )
@@ -216,7 +227,7 @@ def run_child(name: str, kind: str, ranks: int, ring_max_ranks: int, timeout_s: 
         note = f"timed out after {timeout_s:.0f} s"
     rows = [Row(**json.loads(line)) for line in stdout.splitlines() if line.startswith("{")]
     finished = {r.collective for r in rows}
-    rows += [Row(name, kind, ranks, c, None, None, None, None, None, None, None, None, note) for c in COLLECTIVES if c not in finished]
+    rows += [Row(name, kind, ranks, c, None, None, None, None, None, None, None, None, None, note) for c in COLLECTIVES if c not in finished]
     return rows
 
 
@@ -225,7 +236,7 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-HEADER = ("case", "ranks", "collective", "synth s", "goal s", "plan s", "peak MB", "LP %", "chosen", "chosen %", "ring %", "dbt %", "notes")
+HEADER = ("case", "ranks", "collective", "synth s", "goal s", "plan s", "peak MB", "LP %", "chosen", "chosen %", "ring %", "rings %", "dbt %", "notes")
 
 
 def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
@@ -244,6 +255,7 @@ def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
                 r.chosen or "n/a",
                 _fmt(r.chosen_pct, ".2f"),
                 _fmt(r.ring_pct, ".2f"),
+                _fmt(r.rings_pct, ".2f"),
                 _fmt(r.dbt_pct, ".2f"),
                 r.note,
             )

@@ -2,10 +2,13 @@
 
 Trees reach the cut bound but take as many steps as they are deep, and every step costs a
 message's overhead and latency; rings take ``N - 1`` steps per pass. Where every rank reaches
-every other without relaying (an NVSwitch machine, a PCIe box, a full mesh), one step can do:
-rank ``i`` sends its shard to every rank ``j`` at once, the bytes of each pair split over the
-paths (NVSwitch planes, NVLinks, PCIe) that the traffic routing (:mod:`topocoll.solver.traffic`)
-finds for the uniform all-to-all matrix, which has the same cut bound as allgather there.
+every other without relaying and what binds is each rank's own links (an NVSwitch machine),
+one step can do: rank ``i`` sends its shard to every rank ``j`` at once, the bytes of each pair
+split over the paths (NVSwitch planes, NVLinks, PCIe) that the traffic routing
+(:mod:`topocoll.solver.traffic`) finds for the uniform all-to-all matrix, which then has the
+same cut bound as allgather. Where links between groups of ranks bind (a PCIe tree, a network
+between machines), sending each byte once per destination over them costs more than trees that
+copy it on the far side, and the planner's other candidates win.
 
 - allgather: one step of copies; reduce-scatter: one step of reduces (each rank's copy of shard
   ``j`` to rank ``j``); allreduce: the reduce-scatter step, then the allgather step.
@@ -127,8 +130,12 @@ def _all_pairs(topology: Topology, collective: Collective, nodes: tuple[str, ...
     for shard in range(n):
         movers = [(i, shard) for i in range(n) if i != shard and reduces] + [(shard, j) for j in range(n) if j != shard and gathers]
         points = sorted({0.0, 1.0, *(x for pair in movers for x in _cuts(shares[pair]))})
-        points = [p for k, p in enumerate(points) if k == 0 or p - points[k - 1] > MIN_PIECE]
-        points[-1] = 1.0
+        kept = [points[0]]
+        for point in points[1:]:
+            if point - kept[-1] > MIN_PIECE:
+                kept.append(point)
+        kept[-1] = 1.0
+        points = kept
         for lo, hi in zip(points, points[1:]):
             chunk = Chunk(len(chunks), (shard + lo) / n, (hi - lo) / n)
             chunks.append(chunk)

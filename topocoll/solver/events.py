@@ -154,8 +154,7 @@ class _Dependencies:
     """Builds the task graph: messages plus the joins that keep it linear in size."""
 
     def __init__(self) -> None:
-        self.deps: list[list[int]] = []
-        self.joins: set[int] = set()
+        self.deps: list[list[int]] = []  # per task, the tasks it waits for
 
     def task(self, deps: Iterable[int]) -> int:
         self.deps.append(sorted(set(deps)))
@@ -165,9 +164,7 @@ class _Dependencies:
         """``tasks`` as one task: a join when there are several (so many readers cost one edge each)."""
         if len(tasks) <= 1:
             return tasks
-        join = self.task(tasks)
-        self.joins.add(join)
-        return [join]
+        return [self.task(tasks)]
 
 
 def compile_events(schedule: Schedule, topology: Topology) -> EventProgram:
