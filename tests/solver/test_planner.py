@@ -253,3 +253,16 @@ def test_lp_failure_through_plan_still_gives_a_schedule(monkeypatch):
     schedule = plan(topo, "allgather", size_bytes=SIZE_BYTES)
     assert verify(schedule, topo).ok
     assert not schedule.name.startswith("lp")
+
+
+def test_large_worlds_keep_the_low_latency_baselines_at_every_size(monkeypatch):
+    """Above LARGE_WORLD_RANKS the rings are not built, but double binary tree and recursive
+    doubling stay candidates with or without a size, so a sweep over sizes can pick them."""
+    from topocoll.solver import planner
+
+    monkeypatch.setattr(planner, "LARGE_WORLD_RANKS", 4)
+    topo = H.nvswitch_box(8)
+    for size in (None, 1024, 1 << 30):
+        names = {c.name for c in plan_collective(topo, Collective.ALLREDUCE, size_bytes=size).candidates}
+        assert {"double_binary_tree", "recursive_doubling", "lp"} <= names
+        assert not names & {"ring", "multichannel_ring", "hierarchical"} and not any(n.startswith("lp-pipeline") for n in names)

@@ -254,7 +254,7 @@ def simulate_report(
     header = (
         f"topocoll simulate {collective.value}: {n} ranks of {topology.name or '(unnamed)'} ({digest[:19]}...), "
         f"{MODEL_TITLES[model]}, per-message overhead {per_message_overhead_s * 1e6:g} us",
-        f"Ranks: {', '.join(ranks)}" + (f"; root {root}" if root is not None else ""),
+        f"Ranks: {_rank_list(ranks)}" + (f"; root {root}" if root is not None else ""),
         f"topocoll: {source}: {topocoll_text}",
         f"Baselines: {baseline_text or 'none'}",
         "speedup = fastest baseline time / topocoll time; bound = cut-bound algbw; %bound = topocoll algbw / bound",
@@ -268,7 +268,7 @@ def simulate_report(
         "datatype": dtype_name,
         "per_message_overhead_s": per_message_overhead_s,
         "model": model,
-        "busiest_links": busiest_links(chosen[-1], topology, effective[-1], per_message_overhead_s) if effective else [],
+        "busiest_links": busiest_links(chosen[-1], topology, effective[-1], per_message_overhead_s, model) if effective else [],
         "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
         "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
     }
@@ -309,28 +309,48 @@ def resolve_model(model: str, schedules: Sequence[Any], sizes: int) -> str:
     return "alpha-beta"
 
 
-def busiest_links(schedule: Any, topology: Any, size_bytes: float, per_message_overhead_s: float) -> list[dict[str, Any]]:
-    """Every link ``schedule`` uses at ``size_bytes``, busiest first, by the event simulator.
+def busiest_links(schedule: Any, topology: Any, size_bytes: float, per_message_overhead_s: float, model: str = "events") -> list[dict[str, Any]]:
+    """Every link ``schedule`` uses at ``size_bytes``, busiest first, by ``model``.
 
     Each entry: ``src``, ``dst``, ``bytes``, ``bw_bytes_per_s``, ``utilisation`` (bytes over
-    bandwidth x completion time) and ``bottleneck`` (within 1 % of the busiest).
+    bandwidth x the model's completion time) and ``bottleneck`` (within 1 % of the busiest).
     """
-    from topocoll.solver.events import event_sweep
+    if model == "events":
+        from topocoll.solver.events import event_sweep
 
-    (result,) = event_sweep(schedule, topology, [size_bytes], per_message_overhead_s)
-    top = {(u.src, u.dst) for u in result.bottlenecks()}
-    return [
-        {"src": u.src, "dst": u.dst, "bytes": u.bytes, "bw_bytes_per_s": u.bw_bytes_per_s,
-         "utilisation": u.utilisation, "bottleneck": (u.src, u.dst) in top}
-        for u in result.links
+        (result,) = event_sweep(schedule, topology, [size_bytes], per_message_overhead_s)
+        uses = [(u.src, u.dst, u.bytes, u.bw_bytes_per_s) for u in result.links]
+        time_s = result.time_s
+    else:
+        from topocoll.solver.verify import verify
+
+        checked = verify(schedule, topology, size_bytes=size_bytes, per_message_overhead_s=per_message_overhead_s)
+        uses = [(a, b, load * size_bytes, topology.capacity(a, b)) for (a, b), load in checked.link_load.items()]
+        time_s = checked.alpha_beta_time_s or 0.0
+    rows = [
+        {"src": a, "dst": b, "bytes": float(carried), "bw_bytes_per_s": float(bw),
+         "utilisation": float(carried / (bw * time_s)) if time_s > 0 else 0.0}
+        for a, b, carried, bw in uses
     ]
+    rows.sort(key=lambda r: (-r["utilisation"], r["src"], r["dst"]))
+    top = rows[0]["utilisation"] if rows else 0.0
+    for r in rows:
+        r["bottleneck"] = bool(r["utilisation"] >= top * 0.99)
+    return rows
 
 
-def links_text(links: Sequence[dict[str, Any]], size_bytes: float, shown: int = BUSIEST_LINKS_SHOWN) -> str:
+def _rank_list(ranks: Sequence[str], shown: int = 8) -> str:
+    """The ranks' nodes, the first few of a long list and how many more."""
+    if len(ranks) <= shown:
+        return ", ".join(ranks)
+    return f"{', '.join(ranks[:shown])}, ... ({len(ranks)} ranks, to {ranks[-1]})"
+
+
+def links_text(links: Sequence[dict[str, Any]], size_bytes: float, model: str = "events", shown: int = BUSIEST_LINKS_SHOWN) -> str:
     """The busiest links as ``#`` comment lines after the table."""
     if not links:
         return ""
-    lines = [f"# Busiest links of topocoll's schedule at {size_bytes:.0f} B (event simulator; * = bottleneck):",
+    lines = [f"# Busiest links of topocoll's schedule at {size_bytes:.0f} B ({MODEL_TITLES[model]}; * = bottleneck):",
              f"# {'link':<36} {'GB':>10} {'GB/s':>9} {'busy %':>7}"]
     for link in links[:shown]:
         name = f"{link['src']} -> {link['dst']}"
@@ -403,7 +423,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     links = report.config["busiest_links"]
     largest = report.rows[-1].size_bytes if report.rows else 0
-    sys.stdout.write(report.to_text() + links_text(links, largest))
+    sys.stdout.write(report.to_text() + links_text(links, largest, report.config["model"]))
     report.write_outputs(args.json, args.csv, args.plot)
     if args.png:
         from topocoll.topo.draw import draw_topology

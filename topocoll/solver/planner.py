@@ -65,14 +65,10 @@ PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
 #: other depth (measured: 5 depths took 30-60 s of the planner's time at 256 ranks).
 MANY_RANKS = 64
 
-#: Above this many ranks only the unpipelined layout is tried, and baselines only for small
-#: messages (schedules grow as N^2 transfers per pipeline piece; building and verifying the
-#: alternatives would cost more than the synthesis).
+#: Above this many ranks only the unpipelined layout is tried, and of the baselines only the
+#: low-latency ones, double binary tree and recursive doubling (schedules grow as N^2 transfers
+#: per pipeline piece; building and verifying rings would cost more than the synthesis).
 LARGE_WORLD_RANKS = 256
-
-#: "Small" for :data:`LARGE_WORLD_RANKS`: at 1 MiB over 256+ ranks each rank's share is at
-#: most 4 KiB, where per-step latency dominates and the low-latency baselines can win.
-SMALL_MESSAGE_BYTES = 1 << 20
 
 
 class PlanStatus(str, enum.Enum):
@@ -352,10 +348,10 @@ def plan_collective(
 
     names = baseline_names if baseline_names is not None else tuple(baselines.BASELINES)
     if large and baseline_names is None:
-        # Building and verifying baselines costs as much as synthesis here; only the
-        # low-latency ones can win, and only for small messages (or when the LP failed).
-        small = size_bytes is not None and size_bytes <= SMALL_MESSAGE_BYTES
-        names = ["double_binary_tree", "recursive_doubling"] if small or not candidates else []
+        # Building and verifying the rings costs as much as synthesis here (N^2 transfers); the
+        # low-latency baselines are cheap (N log N) and win below some size, which a sweep over
+        # sizes (no size given) must see too: they stay candidates at every size.
+        names = ["double_binary_tree", "recursive_doubling"]
     for name in names:
         builder = baselines.BASELINES[name]
         try:
