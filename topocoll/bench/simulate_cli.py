@@ -212,15 +212,17 @@ def simulate_report(
     compared = [*candidates, *(s for _, s in baseline_schedules if s is not None)]
     model = resolve_model(model, compared, len(effective))
 
-    def predict(sched: Any) -> list[Measurement]:
+    def points_of(sched: Any) -> tuple[Any, ...]:
         if model == "events":
-            points = event_sweep(sched, topology, effective, per_message_overhead_s)
-        else:
-            points = simulate(sched, topology, effective, per_message_overhead_s)
-        return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points]
+            return event_sweep(sched, topology, effective, per_message_overhead_s)
+        return simulate(sched, topology, effective, per_message_overhead_s)
+
+    def predict(sched: Any) -> list[Measurement]:
+        return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points_of(sched)]
 
     # topocoll's series: at each size the candidate the planner's rule picks
-    per_candidate = [predict(c) for c in candidates]
+    candidate_points = [points_of(c) for c in candidates]
+    per_candidate = [[Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points] for points in candidate_points]
     flows = [max_network_flows_per_link(c, topology) for c in candidates]
     steps = [len(c.steps) for c in candidates]
     chosen: list[Any] = []
@@ -229,6 +231,7 @@ def simulate_report(
         best = choose([per_candidate[k][i].time_s for k in range(len(candidates))], flows, steps)
         chosen.append(candidates[best])
         topocoll_column.append(per_candidate[best][i])
+        last_point = candidate_points[best][i]
     columns: list[list[Measurement | None]] = [list(topocoll_column)]
     for _name, sched in baseline_schedules:
         columns.append(list(predict(sched)) if sched is not None else [None] * len(effective))
@@ -268,7 +271,7 @@ def simulate_report(
         "datatype": dtype_name,
         "per_message_overhead_s": per_message_overhead_s,
         "model": model,
-        "busiest_links": busiest_links(chosen[-1], topology, effective[-1], per_message_overhead_s, model) if effective else [],
+        "busiest_links": busiest_links(chosen[-1], topology, effective[-1], per_message_overhead_s, model, last_point) if effective else [],
         "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
         "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
     }
@@ -309,16 +312,19 @@ def resolve_model(model: str, schedules: Sequence[Any], sizes: int) -> str:
     return "alpha-beta"
 
 
-def busiest_links(schedule: Any, topology: Any, size_bytes: float, per_message_overhead_s: float, model: str = "events") -> list[dict[str, Any]]:
+def busiest_links(
+    schedule: Any, topology: Any, size_bytes: float, per_message_overhead_s: float, model: str = "events", simulated: Any = None
+) -> list[dict[str, Any]]:
     """Every link ``schedule`` uses at ``size_bytes``, busiest first, by ``model``.
 
     Each entry: ``src``, ``dst``, ``bytes``, ``bw_bytes_per_s``, ``utilisation`` (bytes over
     bandwidth x the model's completion time) and ``bottleneck`` (within 1 % of the busiest).
+    ``simulated``: the event simulator's result for this schedule and size, when already at hand.
     """
     if model == "events":
         from topocoll.solver.events import event_sweep
 
-        (result,) = event_sweep(schedule, topology, [size_bytes], per_message_overhead_s)
+        (result,) = (simulated,) if simulated is not None else event_sweep(schedule, topology, [size_bytes], per_message_overhead_s)
         uses = [(u.src, u.dst, u.bytes, u.bw_bytes_per_s) for u in result.links]
         time_s = result.time_s
     else:
