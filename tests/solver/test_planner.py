@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from tests.solver import helpers as H
-from topocoll.errors import SolverError, TopocollError
+from topocoll.errors import ScheduleError, SolverError, TopocollError
 from topocoll.solver import lp, plan
 from topocoll.solver.planner import (
     DEFAULT_PER_MESSAGE_OVERHEAD_S,
@@ -266,3 +266,26 @@ def test_large_worlds_keep_the_low_latency_baselines_at_every_size(monkeypatch):
         names = {c.name for c in plan_collective(topo, Collective.ALLREDUCE, size_bytes=size).candidates}
         assert {"double_binary_tree", "recursive_doubling", "lp"} <= names
         assert not names & {"ring", "multichannel_ring", "hierarchical"} and not any(n.startswith("lp-pipeline") for n in names)
+
+
+def test_a_plan_too_large_to_verify_is_refused_before_synthesis(monkeypatch):
+    """The verifier's state is one set of ranks per (rank, chunk); every candidate has a chunk per
+    rank at least, so a world whose N x N states exceed the limit is refused before any packing."""
+    import importlib
+
+    verify_module = importlib.import_module("topocoll.solver.verify")  # the module, not the function the package exports
+
+    called = []
+    monkeypatch.setattr("topocoll.solver.planner.pack_for", lambda *a, **k: called.append(1))
+    need = verify_module.verify_memory_bytes(8, 8)  # 8 ranks x 8 chunks of 8-bit sets
+    monkeypatch.setattr(verify_module, "VERIFY_MEMORY_LIMIT_BYTES", need * 0.99)
+    with pytest.raises(SolverError, match=r"verifying a schedule for allgather \(8 ranks x 8 chunks\) needs about .* GB of memory"):
+        plan_collective(H.nvswitch_box(8), Collective.ALLGATHER)
+    assert not called
+    # the verifier itself refuses a schedule with more chunks, before replaying it
+    from topocoll.solver.baselines import multichannel_ring
+
+    monkeypatch.setattr(verify_module, "VERIFY_MEMORY_LIMIT_BYTES", need * 1.01)
+    topo = H.nvswitch_box(8)
+    with pytest.raises(ScheduleError, match=r"verifying schedule multichannel_ring \(8 ranks x 16 chunks\)"):
+        verify(multichannel_ring(topo, Collective.ALLGATHER, channels=2), topo)

@@ -23,14 +23,14 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from topocoll.errors import SolverError
+from topocoll.errors import ScheduleError, SolverError
 from topocoll.solver import baselines
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.direct import direct
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.solver.synthesize import SynthesisOptions, layout, pack_for
-from topocoll.solver.verify import Verification, verify
+from topocoll.solver.verify import Verification, check_verify_memory, verify
 from topocoll.topo.model import LinkKind, Topology
 
 log = logging.getLogger(__name__)
@@ -311,6 +311,10 @@ def plan_collective(
     ranks = check_request(topology, collective, ranks, root)
     if size_bytes is not None and not size_bytes > 0:
         raise SolverError(f"size must be > 0 bytes, got {size_bytes}")
+    try:  # every candidate has a chunk per rank at least: refuse now what could not be verified
+        check_verify_memory(len(ranks), len(ranks), f"a schedule for {collective.value}")
+    except ScheduleError as exc:
+        raise SolverError(f"{exc}: not synthesized") from None
     bound = cut_bound(topology, collective, ranks, root)
     digest = topology.digest()
     root = root if collective.is_rooted else None

@@ -141,6 +141,43 @@ def require_topology_digest(schedule: Schedule, source: str) -> None:
         )
 
 
+#: Memory the verifier may use: it replays a schedule with one set of ranks per (rank, chunk), a
+#: Python integer of up to N bits, so its state grows as N^2 x chunks / N. 16 GB leaves room for
+#: the rest of a planning process on a 24 GiB machine.
+VERIFY_MEMORY_LIMIT_BYTES = 16e9
+
+#: Bytes of one (rank, chunk) state beyond its bits: a Python integer's header, and its slot in
+#: the per-rank list (CPython 3.11: ``sys.getsizeof(1 << 64)`` is 36, a list slot 8).
+_STATE_OVERHEAD_BYTES = 44
+
+
+def verify_memory_bytes(world_size: int, chunks: int) -> float:
+    """Memory the verifier's replay needs for ``world_size`` ranks and ``chunks`` chunks (an
+    estimate from its state: one integer of up to ``world_size`` bits per rank and chunk, half
+    of them full on average)."""
+    return float(world_size) * chunks * (_STATE_OVERHEAD_BYTES + world_size / 16)
+
+
+def check_verify_memory(world_size: int, chunks: int, what: str = "the schedule") -> None:
+    """Raise ScheduleError, before any work, when verifying would need more than
+    :data:`VERIFY_MEMORY_LIMIT_BYTES`.
+
+    Examples
+    --------
+    >>> check_verify_memory(1024, 1024)
+    >>> check_verify_memory(8192, 8192)
+    Traceback (most recent call last):
+    ...
+    topocoll.errors.ScheduleError: verifying the schedule (8192 ranks x 8192 chunks) needs about 37 GB of memory, more than the 16 GB this allows
+    """
+    need = verify_memory_bytes(world_size, chunks)
+    if need > VERIFY_MEMORY_LIMIT_BYTES:
+        raise ScheduleError(
+            f"verifying {what} ({world_size} ranks x {chunks} chunks) needs about {need / 1e9:.0f} GB of memory, "
+            f"more than the {VERIFY_MEMORY_LIMIT_BYTES / 1e9:.0f} GB this allows"
+        )
+
+
 def verify(
     schedule: Schedule,
     topology: Topology,
@@ -185,6 +222,7 @@ def verify(
         elif not graph.nodes[node]["record"].kind.is_compute:
             errors.add(f"rank {r}: node {node} is a {graph.nodes[node]['record'].kind.value}, not a gpu/host")
 
+    check_verify_memory(schedule.world_size, len(schedule.chunks), f"schedule {schedule.name or '(unnamed)'}")
     chunks = sorted(schedule.chunks, key=lambda c: c.offset)
     if not schedule.collective.is_routed:  # an all-to-all's pair blocks were tiled when it was built
         _check_chunks(schedule, chunks, errors)
