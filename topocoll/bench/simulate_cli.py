@@ -51,9 +51,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulate",
         help="predict time and bandwidth per size for topocoll's schedule and the baselines",
         description=(
-            "Predict the nccl-tests table (time, algbw, busbw per size) from the alpha-beta model for "
-            "topocoll's schedule and the ring, double-binary-tree and hierarchical baselines, next to the cut bound."
+            "Predict the nccl-tests table (time, algbw, busbw per size) for topocoll's schedule and\n"
+            "the baselines (one ring, NCCL-style multi-channel rings, double binary tree, hierarchical),\n"
+            "next to the cut bound, by the event simulator where affordable or the alpha-beta model;\n"
+            "then the busiest links of topocoll's schedule at the largest size.\n\n"
+            "examples:\n"
+            "  topocoll simulate --topology dgx.json --collective allreduce --sizes 1K:1G\n"
+            "  topocoll simulate --topology dgx.json --collective allgather --sizes 64M --png load.png\n"
+            "  topocoll simulate --topology cluster.json --schedule ar.json --model alpha-beta -J pred.json --plot busbw.png"
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--topology", required=True, metavar="FILE", help="topology file (JSON, NCCL XML, nvidia-smi or rocm-smi text)")
     what = parser.add_mutually_exclusive_group(required=True)
@@ -66,7 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--baselines", default=",".join(DEFAULT_BASELINES), help=f"comma list, or 'none' (default {','.join(DEFAULT_BASELINES)})")
     parser.add_argument(
         "--overhead-us", type=float, default=None,
-        help="software overhead per step's messages in microseconds (default: the planner's, NCCL's base ring latency)",
+        help="software overhead per message (event simulator) or per step's messages (alpha-beta) in microseconds "
+        "(default: the planner's, NCCL's base ring latency)",
     )
     parser.add_argument(
         "--model", default="auto", metavar="{" + ",".join(MODELS) + "}",
