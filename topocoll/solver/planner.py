@@ -3,8 +3,8 @@
 :func:`plan_collective` is the entry point of the solver. It checks the request, computes the cut bound,
 packs trees by LP (:mod:`topocoll.solver.synthesize`), lays them out at several pipeline
 depths, adds the direct multi-path schedule on small worlds (:mod:`topocoll.solver.direct`:
-one step per phase, each pair over several paths), builds the baselines, verifies every candidate, and keeps the one with the lowest
-predicted time at ``size_bytes`` when a size is given (so small messages get shallow,
+one step per phase, each pair over several paths), builds the baselines, verifies every
+candidate, and keeps the one with the lowest predicted time at ``size_bytes`` when a size is given (so small messages get shallow,
 low-latency schedules), else the bandwidth time (ties broken by the predicted time at
 :data:`BANDWIDTH_REFERENCE_BYTES`). The prediction is the event simulator's
 (:mod:`topocoll.solver.events`: pieces of a pipelined layout overlap, links are shared max-min
@@ -18,6 +18,7 @@ time before it found anything, a verified baseline is returned with a warning: n
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from topocoll.errors import ScheduleError, SolverError
 from topocoll.solver import baselines
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.direct import direct
+from topocoll.solver.events import compile_events, simulate_events
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Collective, Schedule
 from topocoll.solver.synthesize import SynthesisOptions, layout, pack_for
@@ -56,6 +58,7 @@ EVENT_MODEL_SHORTLIST = 2.0
 #: candidate: it holds 2 N (N - 1) transfers per piece of a shard (a few dozen pieces on 8 GPUs).
 DIRECT_MAX_RANKS = 16
 
+#: The collectives the direct schedule has a form for (broadcast and reduce have none).
 DIRECT_COLLECTIVES = frozenset({Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER})
 
 #: Pipeline depths tried for the synthesized trees.
@@ -229,10 +232,6 @@ def predict_times(
     :data:`EVENT_MODEL_MAX_MESSAGES` messages together; the others keep their α-β time.
     Beyond that budget every candidate keeps its α-β time.
     """
-    import dataclasses
-
-    from topocoll.solver.events import compile_events, simulate_events
-
     alpha_beta = [c.verification.alpha_beta_time_s for c in candidates]
     shortlist = [i for i, t in enumerate(alpha_beta) if t <= min(alpha_beta) * EVENT_MODEL_SHORTLIST]
     programs = {}
