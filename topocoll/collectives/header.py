@@ -209,12 +209,14 @@ class HeaderExchange:
                     logger.debug("rank %d: cannot tell rank %d of the failure: %s", self._group_rank, peer, exc)
 
     def _follow_blame(self, failure: Failure) -> Failure:
-        """Without mailboxes, find the rank really missing behind a silent peer.
+        """Without mailboxes, find the rank really missing behind a silent or absent peer.
 
         A rank that timed out waiting for peer ``p`` may be one link of a chain: ``p`` waits
         for ``q``, which died. Each such rank records whom it blames in the store, then follows
         the records for :data:`BLAME_LISTEN_S`: the first rank of the chain that records nothing
-        is the one that is dead or stuck. (With mailboxes, heartbeats answer the same question.)
+        is the one that is dead or stuck. A peer absent from this collective's header exchange
+        may be held in an earlier one (:meth:`_earlier_failure`). (With mailboxes, heartbeats
+        answer the same question.)
         """
         if self._failure is not None or (self._shm is not None and self._shm.has_mailboxes):
             return failure
