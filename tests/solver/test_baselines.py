@@ -19,8 +19,11 @@ from topocoll.solver.baselines import (
     recursive_doubling,
     ring,
     ring_order,
+    weighted_rings,
 )
+from topocoll.solver.planner import max_network_flows_per_link
 from topocoll.solver.schedule import SYNTHESIZED, Collective, Op, Transfer
+from topocoll.solver.bound import cut_bound
 from topocoll.solver.verify import verify
 from topocoll.topo.model import LinkKind, Node, NodeKind, TopologyBuilder
 
@@ -294,3 +297,58 @@ def test_channels_spread_over_nvswitch_planes():
 def test_bad_channel_count_is_refused():
     with pytest.raises(ScheduleError, match="channels must be an integer >= 1"):
         multichannel_ring(H.nvswitch_box(4), Collective.ALLREDUCE, channels=0)
+
+
+@pytest.mark.parametrize("topo_name", sorted(TOPOLOGIES))
+def test_weighted_rings_verify(topo_name):
+    topo = TOPOLOGIES[topo_name]
+    for ranks in _subsets(topo):
+        for collective in SYNTHESIZED:
+            roots = (0, len(ranks) - 1) if collective.is_rooted else (None,)
+            for root in roots:
+                sched = weighted_rings(topo, collective, ranks, root=root)
+                assert sched.name == "weighted_rings" and sched.ranks == tuple(ranks)
+                assert abs(sum(c.size for c in sched.chunks) - 1.0) < 1e-9
+                result = verify(sched, topo, size_bytes=1e6)
+                assert result.ok, (collective, len(ranks), root, result.errors)
+    assert weighted_rings(topo, Collective.ALLREDUCE, topo.compute_nodes()[:1]).steps == ()
+
+
+def _multi_rail():
+    from topocoll.bench import scenario as sc
+
+    return sc.scenario_topology(sc.load_scenario("multi-rail"))
+
+
+@pytest.mark.parametrize("collective", [Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST])
+def test_weighted_rings_split_two_rails_by_their_rates(collective):
+    """The shipped multi-rail scenario: 3 hosts, rail0 at 100 and rail1 at 60 Mbit/s. One ring per
+    rail carries 100/160 and 60/160 of the data, every transfer stays on its rail, no network
+    link carries two transfers in one step, and together they reach the cut bound; NCCL's equal
+    channel shares need several transfers per NIC to get there."""
+    topo = _multi_rail()
+    root = 0 if collective.is_rooted else None
+    sched = weighted_rings(topo, collective, root=root)
+    rails = {}
+    for step in sched.steps:
+        for t in step:
+            rail = {n for n in t.path if n.startswith("rail")}
+            assert len(rail) == 1, t.path
+            rails.setdefault(t.chunk, set()).update(rail)
+    by_rail = {"rail0": 0.0, "rail1": 0.0}
+    for chunk in sched.chunks:
+        (rail,) = rails[chunk.id]
+        by_rail[rail] += chunk.size
+    assert by_rail["rail0"] == pytest.approx(100 / 160) and by_rail["rail1"] == pytest.approx(60 / 160)
+    assert max_network_flows_per_link(sched, topo) == 1
+    bound = cut_bound(topo, collective, topo.compute_nodes(), root)
+    assert verify(sched, topo).t_bw_s_per_byte == pytest.approx(bound.time_per_byte_s, rel=1e-4)
+    even = multichannel_ring(topo, collective, root=root)
+    assert max_network_flows_per_link(even, topo) >= 2
+
+
+def test_weighted_rings_keep_one_ring_where_one_is_best():
+    """Every host on one switch: a second ring adds nothing, so one ring carries everything."""
+    topo = H.host_star(4)
+    sched = weighted_rings(topo, Collective.ALLREDUCE)
+    assert len(sched.chunks) == 4 and all(c.size == pytest.approx(0.25) for c in sched.chunks)

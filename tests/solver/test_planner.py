@@ -212,6 +212,21 @@ def test_a_tie_on_one_switch_goes_to_the_least_crowded_network_links(collective)
 
 
 @pytest.mark.parametrize("collective", BANDWIDTH_COLLECTIVES, ids=lambda c: c.value)
+def test_two_rails_of_different_rates_are_used_one_transfer_per_link(collective):
+    # The shipped multi-rail scenario (rails of 100 and 60 Mbit/s): the LP and the direct
+    # schedule reach the bound by sending to both peers at once through each NIC; the rings
+    # weighted 5:3 reach it with one transfer per NIC and step, and win the tie.
+    from topocoll.bench import scenario as sc
+
+    topo = sc.scenario_topology(sc.load_scenario("multi-rail"))
+    result = plan_collective(topo, collective, size_bytes=16 * MIB)
+    assert result.chosen.name == "weighted_rings"
+    assert max_network_flows_per_link(result.chosen.schedule, topo) == 1
+    assert max_network_flows_per_link(result.candidate("lp").schedule, topo) >= 2
+    assert result.ratio_to_bound >= 0.99
+
+
+@pytest.mark.parametrize("collective", BANDWIDTH_COLLECTIVES, ids=lambda c: c.value)
 def test_on_shared_memory_the_predicted_time_alone_decides(collective):
     topo = flat_topology(4)
     result = plan_collective(topo, collective, size_bytes=1024 * MIB)

@@ -3,7 +3,9 @@
 :func:`plan_collective` is the entry point of the solver. It checks the request, computes the cut bound,
 packs trees by LP (:mod:`topocoll.solver.synthesize`), lays them out at several pipeline
 depths, adds the direct multi-path schedule on small worlds (:mod:`topocoll.solver.direct`:
-one step per phase, each pair over several paths), builds the baselines, verifies every
+one step per phase, each pair over several paths) and, on networks, rings weighted by their
+bandwidth (:func:`topocoll.solver.baselines.weighted_rings`: at the bound of a multi-rail
+network with one transfer per link), builds the baselines, verifies every
 candidate, and keeps the one with the lowest predicted time at ``size_bytes`` when a size is given (so small messages get shallow,
 low-latency schedules), else the bandwidth time (ties broken by the predicted time at
 :data:`BANDWIDTH_REFERENCE_BYTES`). The prediction is the event simulator's
@@ -23,6 +25,8 @@ import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import networkx as nx
 
 from topocoll.errors import ScheduleError, SolverError
 from topocoll.solver import baselines
@@ -182,6 +186,14 @@ def max_network_flows_per_link(schedule: Schedule, topology: Topology) -> int:
                     counts[hop] = counts.get(hop, 0) + 1
         most = max(most, max(counts.values(), default=0))
     return most
+
+
+def _crosses_network(topology: Topology, ranks: Sequence[str]) -> bool:
+    """Whether some ranks reach each other only through :data:`CROWDING_KINDS` links."""
+    inside = nx.Graph()
+    inside.add_nodes_from(ranks)
+    inside.add_edges_from((link.src, link.dst) for link in topology.links if link.kind not in CROWDING_KINDS)
+    return not all(nx.has_path(inside, ranks[0], r) for r in ranks[1:])
 
 
 def choose(times_s: Sequence[float], network_flows: Sequence[int], steps: Sequence[int]) -> int:
@@ -348,6 +360,14 @@ def plan_collective(
             consider("direct", direct(topology, collective, ranks))
         except SolverError as exc:  # the traffic routing LP failed: the other candidates stand
             log.info("direct schedule not built: %s", exc)
+
+    if not large and _crosses_network(topology, ranks):
+        # Where flows crowd (see NEAR_TIE), the rings that reach a multi-rail bound one transfer
+        # per link at a time; within one machine they add planning time for no choice they win.
+        try:
+            consider("weighted_rings", baselines.weighted_rings(topology, collective, list(ranks), root=root))
+        except SolverError as exc:
+            log.info("weighted rings not built: %s", exc)
 
     names = baseline_names if baseline_names is not None else tuple(baselines.BASELINES)
     if large and baseline_names is None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from topocoll.solver.baselines.double_binary_tree import double_binary_tree
 from topocoll.solver.baselines.hierarchical import hierarchical
-from topocoll.solver.baselines.multichannel_ring import multichannel_ring
+from topocoll.solver.baselines.multichannel_ring import multichannel_ring, weighted_rings
 from topocoll.solver.baselines.ordering import EXHAUSTIVE_RING_MAX_RANKS, GREEDY_RING_MAX_RANKS, ring_order
 from topocoll.solver.baselines.recursive_doubling import recursive_doubling
 from topocoll.solver.baselines.ring import rank_order_ring, ring
@@ -41,6 +41,7 @@ __all__ = [
     "recursive_doubling",
     "ring",
     "ring_order",
+    "weighted_rings",
 ]
 
 #: The baselines by name, for the CLI and the benchmark; all share the signature

@@ -12,21 +12,25 @@ little as possible (:func:`ring_order` with their load as ``base_load``), and ea
 route, among the widest and the fewest-hop ones (at most :data:`ROUTE_CHOICES`), that the
 channels so far load least: so channels spread over NVSwitch planes, NVLinks and NICs. Every
 channel moves the same share of the buffer and all channels run in the same steps.
+
+:func:`weighted_rings` is topocoll's own variant, not NCCL's: the same rings, the fewest of them
+that reach the best split, each carrying the share of the buffer its links can take.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 
 import networkx as nx
 
-from topocoll.errors import ScheduleError
+from topocoll.errors import ScheduleError, SolverError
 from topocoll.solver.baselines._common import (
     _chain,
-    _even_chunks,
     _pieces,
+    _Plan,
     _plan,
     _ring_allgather,
     _ring_reduce_scatter,
@@ -34,6 +38,7 @@ from topocoll.solver.baselines._common import (
     _trivial,
 )
 from topocoll.solver.baselines.ordering import ring_order
+from topocoll.solver.lp import LPStatus, PackingColumn, PackingSolution, solve_packing
 from topocoll.solver.routing import RouteTable
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule
 from topocoll.topo.model import Topology
@@ -99,10 +104,104 @@ def multichannel_ring(
         best = min(times)
         channels = next(k for k in range(1, most + 1) if times[k - 1] <= best * (1 + 1e-9))
         orders, channel_routes = orders[:channels], channel_routes[:channels]
+    return _build(plan, name, orders, channel_routes, (1.0 / channels,) * channels, nchunks)
+
+
+def weighted_rings(
+    topology: Topology,
+    collective: Collective | str,
+    ranks: Sequence[str] | None = None,
+    root: int | None = None,
+    nchunks: int | None = None,
+    routes: RouteTable | None = None,
+) -> Schedule:
+    """Rings over several channels whose shares of the buffer follow their bandwidth.
+
+    The channels' rings are :func:`multichannel_ring`'s, chosen one after the other on top of
+    the load of the ones before; the shares, instead of equal, are those that load the busiest
+    link least (the packing LP of :func:`topocoll.solver.lp.solve_packing` with one group and a
+    column per ring), and the fewest leading channels that reach the best share are kept. So
+    two rails of 100 and 60 Mbit/s get one ring each carrying 5/8 and 3/8 of the data, where
+    equal shares need 8 channels, 5 of them through one NIC at once. One transfer per link and
+    step matters on networks whose flows do not share a link perfectly (TCP connections through
+    one NIC: see :data:`topocoll.solver.planner.NEAR_TIE`).
+
+    Parameters
+    ----------
+    topology, collective, ranks, root, nchunks, routes
+        As for :func:`multichannel_ring`.
+
+    Returns
+    -------
+    Schedule
+        Named ``"weighted_rings"``; at the bound wherever a mix of these rings is.
+
+    Raises
+    ------
+    ScheduleError
+        Invalid ranks, root or ``nchunks``.
+    SolverError
+        The share LP failed.
+    """
+    plan = _plan(topology, collective, ranks, root, routes)
+    name = "weighted_rings"
+    n = len(plan.ranks)
+    if n == 1:
+        return _trivial(plan, name)
+    most = max(1, min(MAX_CHANNELS, MAX_TRANSFERS // (2 * n * (n - 1))))
+    orders, channel_routes, _ = _channel_rings(topology, plan.ranks, plan.routes, most)
+    bw = {(link.src, link.dst): link.bw_bytes_per_s for link in topology.links}
+    links = sorted({hop for routes_k in channel_routes for path in routes_k.paths.values() for hop in zip(path, path[1:])})
+    index = {link: i for i, link in enumerate(links)}
+    widest = max(bw[link] for link in links)
+    capacities = [bw[link] / widest for link in links]
+    columns = []
+    for routes_k in channel_routes:
+        load: dict[int, float] = {}
+        for path in routes_k.paths.values():
+            for hop in zip(path, path[1:]):
+                load[index[hop]] = load.get(index[hop], 0.0) + 1.0
+        columns.append(PackingColumn(0, tuple(sorted(load.items()))))
+    best = _shares(capacities, columns).tau
+    for k in range(1, most + 1):
+        solution = _shares(capacities, columns[:k])
+        if solution.tau <= best * (1 + SHARE_TOLERANCE):
+            break
+    kept = [i for i, w in enumerate(solution.weights) if w > SHARE_TOLERANCE]
+    total = math.fsum(solution.weights[i] for i in kept)
+    shares = tuple(solution.weights[i] / total for i in kept)
+    return _build(plan, name, [orders[i] for i in kept], [channel_routes[i] for i in kept], shares, nchunks)
+
+
+#: Relative slack within which fewer channels count as reaching the best share, and below which
+#: a channel's share counts as none.
+SHARE_TOLERANCE = 1e-6
+
+
+def _shares(capacities: Sequence[float], columns: Sequence[PackingColumn]) -> PackingSolution:
+    solution = solve_packing(1, capacities, columns)
+    if solution.status is not LPStatus.OPTIMAL:
+        raise SolverError(f"the ring share LP ended {solution.status.value}")
+    return solution
+
+
+def _build(
+    plan: _Plan,
+    name: str,
+    orders: Sequence[Sequence[int]],
+    channel_routes: Sequence[_ChannelRoutes],
+    shares: Sequence[float],
+    nchunks: int | None,
+) -> Schedule:
+    """Channel ``k`` runs the ring algorithm on the slice ``shares[k]`` of the buffer (of every
+    rank's shard, for allgather and reduce-scatter), all channels in the same steps."""
+    n = len(plan.ranks)
+    channels = len(orders)
+    starts = [math.fsum(shares[:k]) for k in range(channels)]
     plans = [dataclasses.replace(plan, routes=routes) for routes in channel_routes]  # one steps dict, shared
     c = plan.collective
     if c is Collective.ALLREDUCE:
-        chunks = _even_chunks(channels * n)
+        chunks = [Chunk(k * n + q, starts[k] + shares[k] * q / n, shares[k] / n) for k in range(channels) for q in range(n)]
         for k, order in enumerate(orders):
             segments = [[k * n + q] for q in range(n)]
             step = _ring_reduce_scatter(plans[k], order, segments, 0)
@@ -110,7 +209,7 @@ def multichannel_ring(
         return plan.build(name, chunks)
     if c in (Collective.ALLGATHER, Collective.REDUCE_SCATTER):
         # rank r's shard [r/n, (r+1)/n) split into one piece per channel: chunk r * channels + k
-        chunks = [Chunk(r * channels + k, (r + k / channels) / n, 1 / (n * channels)) for r in range(n) for k in range(channels)]
+        chunks = [Chunk(r * channels + k, (r + starts[k]) / n, shares[k] / n) for r in range(n) for k in range(channels)]
         for k, order in enumerate(orders):
             mine = [[order[p] * channels + k] for p in range(n)]
             if c is Collective.ALLGATHER:  # position p starts with its rank's piece
@@ -119,7 +218,7 @@ def multichannel_ring(
                 _ring_reduce_scatter(plans[k], order, mine, 0)
         return plan.build(name, chunks)
     pieces = _pieces(nchunks, n - 1)
-    chunks = _even_chunks(channels * pieces)
+    chunks = [Chunk(k * pieces + i, starts[k] + shares[k] * i / pieces, shares[k] / pieces) for k in range(channels) for i in range(pieces)]
     for k, order in enumerate(orders):
         chain = _rotate(order, plan.root)
         if c is Collective.REDUCE:
