@@ -9,7 +9,10 @@ collective three ways on the same hosts:
 - ``topo``: the topo backend, schedules from the planner on the probed topology;
 - ``ring``: the same executor with the ring in rank order (``--planner rank_order_ring``),
   blind to the topology: what separates the schedule's effect from the executor's;
-- ``gloo``: gloo's own collective.
+- ``gloo``: gloo's own collective, on the NIC the launcher hands it (``GLOO_SOCKET_IFNAME=eth0``,
+  the one the host's name resolves to);
+- ``gloo fastest rail``: on hosts with several NICs, gloo's own collective again with
+  ``GLOO_SOCKET_IFNAME`` naming the host's fastest NIC, the best a one-NIC collective can do.
 
 ``topocoll simulate`` predicts topo's time on the probed topology for comparison. Results go
 to ``OUT/<scenario>.json`` and ``.png`` (busbw against size) and one table, ``OUT/README.md``.
@@ -66,9 +69,18 @@ def probe_accuracy(truth: Topology, nominal: Topology, probed: Topology) -> list
     return rows
 
 
-def bench(cluster, collective, extra, topology_path, sizes, iters, work: Path, tag: str) -> dict:
+def fastest_nic(scenario: sc.Scenario) -> str | None:
+    """The interface of the first host's fastest link when that is not ``eth0`` (NIC k of a host
+    is ``eth<k>``, in the order of the scenario's links), else None."""
+    host = scenario.hosts[0]
+    rates = [link.rate_bits_per_s for link in scenario.links if host in (link.a, link.b)]
+    best = max(range(len(rates)), key=lambda k: rates[k])
+    return f"eth{best}" if rates[best] > rates[0] else None
+
+
+def bench(cluster, collective, extra, topology_path, sizes, iters, work: Path, tag: str, prefix: tuple[str, ...] = ()) -> dict:
     out = work / f"{collective}-{tag}.json"
-    argv = [sys.executable, "-m", "topocoll.bench", collective, "-b", sizes[0], "-e", sizes[-1], "-f", "2",
+    argv = [*prefix, sys.executable, "-m", "topocoll.bench", collective, "-b", sizes[0], "-e", sizes[-1], "-f", "2",
             "-n", str(iters), "-w", "1", "-c", "1", "-q", "-J", str(out), *extra]
     run(cluster, argv, {"TOPOCOLL_TOPOLOGY": str(topology_path), "PYTHONPATH": str(REPO)}, timeout_s=1800)
     return json.loads(out.read_text())
@@ -114,16 +126,25 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: b
                 say(f"{name}: {collective}")
                 topo = bench(cluster, collective, ["--baseline", "gloo"], work / "probed.json", sizes, iters, work, "topo")
                 ring = bench(cluster, collective, ["--planner", "rank_order_ring", "--baseline", "none"], work / "probed.json", sizes, iters, work, "ring")
+                fastest = fastest_nic(scenario)
+                best_rail = None
+                if fastest is not None:
+                    best_rail = bench(cluster, collective, ["--backend", "gloo", "--baseline", "none"], work / "probed.json", sizes,
+                                      iters, work, "gloo-fastest", prefix=("env", f"GLOO_SOCKET_IFNAME={fastest}"))
                 predicted = simulate(work / "probed.json", collective, sizes, work)
                 rows = []
-                for a, b in zip(topo["rows"], ring["rows"]):
+                for i, (a, b) in enumerate(zip(topo["rows"], ring["rows"])):
                     size = a["size_bytes"]
+                    fast = next(iter(best_rail["rows"][i]["results"].values())) if best_rail is not None else None
                     rows.append({
                         "size_bytes": size,
                         "busbw_bytes_per_s": {"topo": a["results"]["topo"]["busbw_bytes_per_s"], "ring": b["results"]["topo"]["busbw_bytes_per_s"],
                                               "gloo": a["results"]["baseline"]["busbw_bytes_per_s"]},
                         "time_s": {"topo": a["results"]["topo"]["time_s"], "ring": b["results"]["topo"]["time_s"], "gloo": a["results"]["baseline"]["time_s"]},
-                        "wrong": a["results"]["topo"]["wrong"] + b["results"]["topo"]["wrong"] + a["results"]["baseline"]["wrong"],
+                        **({"gloo_fastest_rail": {"nic": fastest, "busbw_bytes_per_s": fast["busbw_bytes_per_s"], "time_s": fast["time_s"]}}
+                           if fast is not None else {}),
+                        "wrong": a["results"]["topo"]["wrong"] + b["results"]["topo"]["wrong"] + a["results"]["baseline"]["wrong"]
+                        + (fast["wrong"] if fast is not None else 0),
                         "bound_busbw_bytes_per_s": a["bound_busbw_bytes_per_s"],
                         "predicted_time_s": predicted.get(size),
                     })
@@ -156,17 +177,21 @@ def plot(result: dict, path: Path) -> None:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| scenario | collective | size | topo MB/s | ring MB/s | gloo MB/s | topo/gloo | topo/ring | bound MB/s | % bound | simulate vs measured | wrong |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | collective | size | topo MB/s | ring MB/s | gloo MB/s | topo/gloo | topo/ring | gloo fastest rail MB/s | topo/gloo fastest rail "
+             "| bound MB/s | % bound | simulate vs measured | wrong |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for result in results:
         for collective, data in result["collectives"].items():
             for r in data["rows"]:
                 b = r["busbw_bytes_per_s"]
                 predicted = r["predicted_time_s"]
                 sim = f"{100 * (predicted - r['time_s']['topo']) / r['time_s']['topo']:+.0f} %" if predicted else "-"
+                fast = r.get("gloo_fastest_rail")
+                rail = (f"{fast['busbw_bytes_per_s'] / 1e6:.2f} ({fast['nic']}) | {b['topo'] / fast['busbw_bytes_per_s']:.2f}x"
+                        if fast else "- | -")
                 lines.append(
                     f"| {result['scenario']} | {collective} | {r['size_bytes'] >> 20} MiB | {b['topo'] / 1e6:.2f} | {b['ring'] / 1e6:.2f} | "
-                    f"{b['gloo'] / 1e6:.2f} | {b['topo'] / b['gloo']:.2f}x | {b['topo'] / b['ring']:.2f}x | "
+                    f"{b['gloo'] / 1e6:.2f} | {b['topo'] / b['gloo']:.2f}x | {b['topo'] / b['ring']:.2f}x | {rail} | "
                     f"{r['bound_busbw_bytes_per_s'] / 1e6:.2f} | {100 * b['topo'] / r['bound_busbw_bytes_per_s']:.0f} | {sim} | {r['wrong']} |"
                 )
     lines += ["", "| scenario | probe time | network links | identified | worst error of an identified link against its tc rate |",

@@ -57,7 +57,7 @@ def test_every_collective_matches_gloo_on_the_smallest_scenario(emulated):  # no
 @pytest.mark.timeout(150)
 def test_the_backend_probes_at_start_and_caches_per_topology(emulated, tmp_path):  # noqa: F811
     """TOPOCOLL_PROBE=1 on multi-rail (2 hosts), given the structure with every network link at
-    an assumed 10 Gb/s: the group plans on measured NIC rates (the scenario's 100 and 60 Mbit/s,
+    an assumed 10 Gb/s: the group plans on measured NIC rates (the scenario's rail rates,
     within 15 %), rank 0 caches the calibration, and a second group with the same topology and
     placement takes it from the cache."""
     from topocoll.topo.io import save_topology

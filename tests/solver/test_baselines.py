@@ -322,10 +322,15 @@ def _multi_rail():
 
 @pytest.mark.parametrize("collective", [Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST])
 def test_weighted_rings_split_two_rails_by_their_rates(collective):
-    """The shipped multi-rail scenario: 3 hosts, rail0 at 100 and rail1 at 60 Mbit/s. One ring per
-    rail carries 100/160 and 60/160 of the data, every transfer stays on its rail, no network
+    """The shipped multi-rail scenario: 3 hosts on two rails of different rates. One ring per rail
+    carries the rail's share of the summed rates, every transfer stays on its rail, no network
     link carries two transfers in one step, and together they reach the cut bound; NCCL's equal
     channel shares need several transfers per NIC to get there."""
+    from topocoll.bench import scenario as sc
+
+    scenario = sc.load_scenario("multi-rail")
+    rate = {link.b: link.rate_bits_per_s for link in scenario.links if link.a == "h0"}
+    assert set(rate) == {"rail0", "rail1"} and rate["rail0"] != rate["rail1"]
     topo = _multi_rail()
     root = 0 if collective.is_rooted else None
     sched = weighted_rings(topo, collective, root=root)
@@ -339,7 +344,8 @@ def test_weighted_rings_split_two_rails_by_their_rates(collective):
     for chunk in sched.chunks:
         (rail,) = rails[chunk.id]
         by_rail[rail] += chunk.size
-    assert by_rail["rail0"] == pytest.approx(100 / 160) and by_rail["rail1"] == pytest.approx(60 / 160)
+    for rail in by_rail:
+        assert by_rail[rail] == pytest.approx(rate[rail] / sum(rate.values()))
     assert max_network_flows_per_link(sched, topo) == 1
     bound = cut_bound(topo, collective, topo.compute_nodes(), root)
     assert verify(sched, topo).t_bw_s_per_byte == pytest.approx(bound.time_per_byte_s, rel=1e-4)

@@ -213,9 +213,9 @@ def test_a_tie_on_one_switch_goes_to_the_least_crowded_network_links(collective)
 
 @pytest.mark.parametrize("collective", BANDWIDTH_COLLECTIVES, ids=lambda c: c.value)
 def test_two_rails_of_different_rates_are_used_one_transfer_per_link(collective):
-    # The shipped multi-rail scenario (rails of 100 and 60 Mbit/s): the LP and the direct
+    # The shipped multi-rail scenario (rails of 60 and 100 Mbit/s): the LP and the direct
     # schedule reach the bound by sending to both peers at once through each NIC; the rings
-    # weighted 5:3 reach it with one transfer per NIC and step, and win the tie.
+    # weighted 3:5 reach it with one transfer per NIC and step, and win the tie.
     from topocoll.bench import scenario as sc
 
     topo = sc.scenario_topology(sc.load_scenario("multi-rail"))
