@@ -244,3 +244,44 @@ def test_messages_go_on_the_channel_their_rail_names():
     assert torch.equal(buffers[1], torch.arange(8.0))
     with pytest.raises(CollectiveError, match="rails this executor has no groups for"):
         Executor(Transport(boxes[0], 0), 0, timedelta(seconds=1)).run(programs[0], torch.ones(8), None)
+
+
+@pytest.mark.parametrize(
+    "collective,reduction",
+    [(Collective.ALLREDUCE, Reduction.SUM), (Collective.ALLREDUCE, Reduction.MAX), (Collective.ALLREDUCE, Reduction.BXOR),
+     (Collective.ALLGATHER, None)],
+)
+def test_run_native_hands_the_collective_to_a_real_gloo_backend(collective, reduction):
+    """A schedule named native runs as the inner backend's own collective: allreduce in place,
+    allgather from this rank's shard, in place in the output."""
+    n, shard = 3, 337
+    groups = _gloo_groups(n)
+    inputs = [torch.randint(0, 1000, (n * shard,), generator=torch.Generator().manual_seed(r), dtype=torch.int64) for r in range(n)]
+    buffers = [t.clone() for t in inputs]
+    if collective is Collective.ALLGATHER:  # every other shard is garbage before
+        for r, b in enumerate(buffers):
+            mask = torch.ones(n * shard, dtype=torch.bool)
+            mask[r * shard : (r + 1) * shard] = False
+            b[mask] = -1
+        expected = torch.cat([inputs[r][r * shard : (r + 1) * shard] for r in range(n)])
+    else:
+        expected = reference(inputs, reduction)
+    errors = {}
+
+    def body(rank):
+        try:
+            Executor(groups[rank], rank, timedelta(seconds=10), native=groups[rank]).run_native(collective, buffers[rank], reduction, n, sequence=1)
+        except Exception as exc:  # collected for the assertion
+            errors[rank] = exc
+
+    in_threads(body, n)
+    assert not errors, errors
+    assert all(torch.equal(b, expected) for b in buffers)
+
+
+def test_run_native_refuses_what_the_inner_backend_does_not_run():
+    groups = _gloo_groups(1)
+    with pytest.raises(CollectiveError, match="broadcast is not run by the inner backend"):
+        Executor(groups[0], 0, timedelta(seconds=1), native=groups[0]).run_native(Collective.BROADCAST, torch.zeros(4), None, 1)
+    with pytest.raises(CollectiveError, match="no inner backend"):
+        Executor(groups[0], 0, timedelta(seconds=1)).run_native(Collective.ALLREDUCE, torch.zeros(4), Reduction.SUM, 1)

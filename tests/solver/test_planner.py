@@ -9,16 +9,18 @@ import pytest
 
 from tests.solver import helpers as H
 from topocoll.errors import ScheduleError, SolverError, TopocollError
-from topocoll.solver import lp, plan
+from topocoll.solver import baselines, lp, plan
 from topocoll.solver.planner import (
     DEFAULT_PER_MESSAGE_OVERHEAD_S,
     NEAR_TIE,
     PlanStatus,
+    choose,
     max_network_flows_per_link,
+    native_ring_applies,
     plan_collective,
 )
 from topocoll.solver.events import event_sweep
-from topocoll.solver.schedule import SYNTHESIZED, Chunk, Collective, Op, Schedule, Transfer
+from topocoll.solver.schedule import NATIVE, SYNTHESIZED, Chunk, Collective, Op, Schedule, Transfer
 from topocoll.solver.verify import verify
 from topocoll.topo.discover import flat_topology
 from topocoll.topo.io import load_topology
@@ -224,6 +226,44 @@ def test_two_rails_of_different_rates_are_used_one_transfer_per_link(collective)
     assert max_network_flows_per_link(result.chosen.schedule, topo) == 1
     assert max_network_flows_per_link(result.candidate("lp").schedule, topo) >= 2
     assert result.ratio_to_bound >= 0.99
+
+
+def test_the_inner_backends_own_ring_applies_where_it_takes_the_rings_routes():
+    from tests.collectives.native_worker import star
+    from topocoll.bench import scenario as sc
+
+    three = star(3)
+    assert native_ring_applies(three, three.compute_nodes())
+    uniform = sc.scenario_topology(sc.load_scenario("uniform"))
+    assert native_ring_applies(uniform, uniform.compute_nodes())
+    rails = sc.scenario_topology(sc.load_scenario("multi-rail"))  # two ways out of every host
+    assert not native_ring_applies(rails, rails.compute_nodes())
+    two_per_host = H.cluster(2, 4)  # ranks that share a machine (shared memory or NVLink)
+    assert not native_ring_applies(two_per_host, two_per_host.compute_nodes())
+    no_machines = flat_topology(3)
+    assert not native_ring_applies(no_machines, no_machines.compute_nodes())
+
+
+@pytest.mark.parametrize("collective", BANDWIDTH_COLLECTIVES, ids=lambda c: c.value)
+def test_a_tie_goes_to_the_inner_backends_own_ring_where_it_runs_one(collective):
+    from tests.collectives.native_worker import star
+
+    topo = star(4)
+    offered = plan_collective(topo, collective, size_bytes=64 * MIB, native=(Collective.ALLREDUCE, Collective.ALLGATHER))
+    plain = plan_collective(topo, collective, size_bytes=64 * MIB)
+    assert plain.candidate(NATIVE) is None and plain.chosen.name != NATIVE
+    if collective in (Collective.ALLREDUCE, Collective.ALLGATHER):
+        assert offered.chosen.name == NATIVE
+        ring = baselines.rank_order_ring(topo, collective)
+        assert offered.schedule.steps == ring.steps and offered.schedule.chunks == ring.chunks
+    else:
+        assert offered.candidate(NATIVE) is None
+
+
+def test_choose_prefers_within_a_tie_of_equally_crowded_candidates():
+    assert choose([1.00, 1.01], [1, 1], [6, 6], [False, True]) == 1
+    assert choose([1.00, 1.01], [1, 2], [6, 6], [False, True]) == 0  # less crowded first
+    assert choose([1.00, 1.50], [1, 1], [6, 6], [False, True]) == 0  # no tie
 
 
 @pytest.mark.parametrize("collective", BANDWIDTH_COLLECTIVES, ids=lambda c: c.value)

@@ -31,11 +31,12 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from topocoll.collectives.failure import NO_RANK, Failure, FailedError, FailureKind, first_line
 from topocoll.collectives.lower import ProgramStep, RankProgram, Recv
 from topocoll.errors import CollectiveError
-from topocoll.solver.schedule import Op
+from topocoll.solver.schedule import Collective, Op
 
 __all__ = ["Reduction", "Executor", "combine", "check_reduction"]
 
@@ -73,6 +74,16 @@ _COMBINE: dict[Reduction, Callable[[torch.Tensor, torch.Tensor], Any]] = {
 }
 
 _BITWISE = (Reduction.BAND, Reduction.BOR, Reduction.BXOR)
+
+_REDUCE_OPS = {
+    Reduction.SUM: dist.ReduceOp.SUM,
+    Reduction.PRODUCT: dist.ReduceOp.PRODUCT,
+    Reduction.MIN: dist.ReduceOp.MIN,
+    Reduction.MAX: dist.ReduceOp.MAX,
+    Reduction.BAND: dist.ReduceOp.BAND,
+    Reduction.BOR: dist.ReduceOp.BOR,
+    Reduction.BXOR: dist.ReduceOp.BXOR,
+}
 
 
 def check_reduction(reduction: Reduction, dtype: torch.dtype) -> None:
@@ -113,11 +124,21 @@ class Executor:
     channels : sequence of torch.distributed backends, optional
         Backends for messages on channels 1, 2, ... (one per rail, each bound to that rail's
         NICs); channel 0 is ``transport``. Only the ungrouped (gloo) path uses them.
+    native : torch.distributed backend, optional
+        The inner backend whose own collectives :meth:`run_native` calls.
     """
 
     def __init__(
-        self, transport: Any, rank: int, timeout: timedelta, *, grouped: bool | None = None, channels: Sequence[Any] = ()
+        self,
+        transport: Any,
+        rank: int,
+        timeout: timedelta,
+        *,
+        grouped: bool | None = None,
+        channels: Sequence[Any] = (),
+        native: Any = None,
     ) -> None:
+        self._native = native
         self._transport = transport
         self._channels = (transport, *channels)
         self._grouped = grouped
@@ -190,6 +211,45 @@ class Executor:
                 self._run_step_grouped(index, step, buffer, scratch, reduction)
             else:
                 self._run_step(index, step, buffer, scratch, reduction, program.collective.value)
+
+    def run_native(self, collective: Collective, buffer: torch.Tensor, reduction: Reduction | None, world_size: int, sequence: int | None = None) -> None:
+        """Run ``collective`` on ``buffer`` in place with the inner backend's own collective (a
+        schedule named :data:`topocoll.solver.planner.NATIVE`).
+
+        Parameters
+        ----------
+        collective : Collective
+            ``ALLREDUCE``, or ``ALLGATHER`` (``buffer`` is the output, this rank's shard in place).
+        buffer : torch.Tensor
+            Flat and contiguous.
+        reduction : Reduction or None
+            For allreduce.
+        world_size : int
+        sequence : int, optional
+            As for :meth:`run`.
+
+        Raises
+        ------
+        FailedError
+            The inner collective failed or timed out.
+        CollectiveError
+            No inner backend was given, or the collective is not one it runs natively.
+        """
+        if self._native is None:
+            raise CollectiveError(f"rank {self._rank}: this executor has no inner backend to run {collective.value} natively")
+        self._sequence = sequence or 0
+        if collective is Collective.ALLREDUCE and reduction is not None:
+            options = dist.AllreduceOptions()
+            options.reduceOp = _REDUCE_OPS[reduction]
+            options.timeout = self._timeout
+            work = self._native.allreduce([buffer], options)
+        elif collective is Collective.ALLGATHER:
+            shard = buffer.numel() // world_size
+            mine = buffer[self._rank * shard : (self._rank + 1) * shard].clone()
+            work = self._native._allgather_base(buffer, mine)  # the group's timeout
+        else:
+            raise CollectiveError(f"rank {self._rank}: {collective.value} is not run by the inner backend")
+        self._wait(work, f"the inner backend's {collective.value}", 0, None)
 
     def _run_step(
         self,

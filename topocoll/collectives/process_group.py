@@ -216,7 +216,7 @@ class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, Inne
             self._shm = ShmTransport(self._cpu_sched, rank, size, dist.PrefixStore("topocoll/shm", store), timeout)
             weakref.finalize(self, self._shm.close)
         self._rail_groups = self._connect_rails(store, rank, size, timeout)
-        self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout, channels=self._rail_groups)
+        self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout, channels=self._rail_groups, native=self._cpu_sched)
         self._cuda_connect = (store, rank, size, timeout)  # NCCL groups: on the first CUDA tensor
 
     def _connect_rails(self, store: Any, rank: int, size: int, timeout: timedelta) -> list[Any]:

@@ -60,15 +60,23 @@ which would make the planner favour deep pipelines (e.g. 18-step broadcasts) tha
 pays for in synchronisation."""
 
 
+#: The collectives gloo runs itself as a ring in rank order (its allreduce and allgather), which
+#: the CPU planner may therefore hand back to it (:data:`topocoll.solver.planner.NATIVE`).
+GLOO_RING_COLLECTIVES = (Collective.ALLREDUCE, Collective.ALLGATHER)
+
+
 def default_planner(
     topology: Topology, collective: Collective, ranks: tuple[str, ...], root: int | None, size_bytes: int | None
 ) -> Schedule:
     """Synthesize with :func:`topocoll.solver.plan` (imported on first use), steps costed at
-    :data:`STEP_OVERHEAD_S`."""
+    :data:`STEP_OVERHEAD_S`, gloo's own ring among the candidates (:data:`GLOO_RING_COLLECTIVES`)."""
     from topocoll.solver import plan
 
     # the value, not the member: plan() parses str arguments, and Collective members are str
-    return plan(topology, collective.value, list(ranks), root=root, size_bytes=size_bytes, per_message_overhead_s=STEP_OVERHEAD_S)
+    return plan(
+        topology, collective.value, list(ranks), root=root, size_bytes=size_bytes, per_message_overhead_s=STEP_OVERHEAD_S,
+        native=GLOO_RING_COLLECTIVES,
+    )
 
 
 def cuda_planner(

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from topocoll.collectives.header import HEADER_DTYPES, ParsedReduce, check_reduce, parse_reduce_op, reduce_or_error, tensor_layout
+from topocoll.collectives.schedule_source import size_bucket
 from topocoll.collectives.tensor_views import (
     base_shape_error,
     bytes_view,
@@ -25,7 +26,7 @@ from topocoll.collectives.tensor_views import (
 )
 from topocoll.collectives.work import TopoWork
 from topocoll.errors import CollectiveError
-from topocoll.solver.schedule import Collective
+from topocoll.solver.schedule import NATIVE, Collective
 
 
 class ScheduledCollectives:
@@ -37,7 +38,11 @@ class ScheduledCollectives:
         if buffer.numel() == 0 or self._group_size == 1:
             return  # nothing to move (a group of one holds every result already)
         size_bytes = buffer.numel() * buffer.element_size()
-        program = self._schedules.program(collective, root, buffer.numel(), size_bytes, buffer.device.type)
+        device = buffer.device.type
+        if device == "cpu" and self._schedules.schedule(collective, root, size_bucket(size_bytes), device).name == NATIVE:
+            self._executor(buffer).run_native(collective, buffer, reduce.reduction if reduce else None, self._group_size, sequence=self._sequence)
+            return
+        program = self._schedules.program(collective, root, buffer.numel(), size_bytes, device)
         self._executor(buffer).run(program, buffer, reduce.reduction if reduce else None, sequence=self._sequence)
 
     def _validate(self, tensors: Sequence[torch.Tensor], *, reduce: ParsedReduce | None = None) -> str | None:

@@ -12,7 +12,7 @@ Pure functions over :class:`~topocoll.topo.model.Topology` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, Plan, PlanStatus, plan_collective
@@ -48,6 +48,7 @@ def plan(
     *,
     per_message_overhead_s: float = DEFAULT_PER_MESSAGE_OVERHEAD_S,
     options: SynthesisOptions = SynthesisOptions(),
+    native: Collection[Collective] = (),
 ) -> Schedule:
     """The verified schedule to run: :func:`plan_collective`'s choice, without the details.
 
@@ -60,5 +61,5 @@ def plan(
     ('allgather', 3)
     """
     return plan_collective(
-        topology, collective, ranks, root, size_bytes, per_message_overhead_s=per_message_overhead_s, options=options
+        topology, collective, ranks, root, size_bytes, per_message_overhead_s=per_message_overhead_s, options=options, native=native
     ).schedule
