@@ -72,5 +72,17 @@ def test_rates_are_taken_over_the_window_all_flows_run():
     size = 16 * 1000
     fast = [(k + 1) / PIECES for k in range(PIECES)]
     slow = [2 * (k + 1) / PIECES for k in range(8)] + [1 + (k + 1) / PIECES for k in range(8)]
-    rates = window_rates(torch.tensor([fast, slow], dtype=torch.float64), size)
+    rates = window_rates(torch.tensor([fast, slow], dtype=torch.float64), (size, size))
     assert rates == pytest.approx((size / 1.0, size / 2 / 1.0))
+
+
+def test_flows_of_their_own_sizes_are_rated_by_their_own_pieces():
+    """Flow 0 sends 16 kB in 1 s; flow 1 sends 4 kB in 1 s too (a quarter of the rate): over the
+    common window of 1 s each is rated by its own bytes."""
+    import torch
+
+    from topocoll.collectives.probe import PIECES, window_rates
+
+    steady = [(k + 1) / PIECES for k in range(PIECES)]
+    rates = window_rates(torch.tensor([steady, steady], dtype=torch.float64), (16_000, 4_000))
+    assert rates == pytest.approx((16_000.0, 4_000.0))

@@ -60,9 +60,11 @@ def max_min_rates(truth, flows):
 
 
 def fluid_durations(truth, flows, size_bytes):
-    """When each flow of ``size_bytes`` finishes if all start together and share max-min fairly,
-    the survivors speeding up as others finish (a fluid model of streams on shaped links)."""
-    left = {i: float(size_bytes) for i in range(len(flows))}
+    """When each flow of ``size_bytes`` (one size, or one per flow) finishes if all start
+    together and share max-min fairly, the survivors speeding up as others finish (a fluid model
+    of streams on shaped links)."""
+    sizes = [size_bytes] * len(flows) if isinstance(size_bytes, int) else list(size_bytes)
+    left = {i: float(sizes[i]) for i in range(len(flows))}
     done, now = {}, 0.0
     while left:
         alive = sorted(left)
@@ -71,7 +73,7 @@ def fluid_durations(truth, flows, size_bytes):
         now += step
         for i, r in zip(alive, rates):
             left[i] -= r * step
-            if left[i] <= size_bytes * 1e-12:
+            if left[i] <= sizes[i] * 1e-12:
                 done[i] = now
                 del left[i]
     return tuple(done[i] for i in range(len(flows)))
@@ -80,11 +82,13 @@ def fluid_durations(truth, flows, size_bytes):
 SIZE = 4 << 20
 
 
-def probe(truth, nominal, unfair=False):
+def probe(truth, nominal, unfair=False, own_sizes=False):
     """Measurements of every planned experiment on ``truth``. ``unfair``: while the flows of an
     experiment all run, they reach only part of their fair rates (the first 60 %, the others
     10 %), as competing TCP streams at a shaped link that drops do; the full durations (fluid
-    model: the link busy until the last flow is done) stay as they are."""
+    model: the link busy until the last flow is done) stay as they are. ``own_sizes``: each flow
+    sends bytes in proportion to its fair rate, as the probe's sizing round makes them (so that
+    all would end together)."""
     nodes = [n.id for n in sorted(nominal.nodes_of(NodeKind.HOST), key=lambda n: n.rank)]
     rails = find_rails(nominal, nodes)
     experiments, notes = plan_experiments(nominal, nodes, rails)
@@ -93,7 +97,9 @@ def probe(truth, nominal, unfair=False):
         rates = list(max_min_rates(truth, e.flows))
         if unfair and len(rates) > 1:
             rates = [0.6 * rates[0]] + [0.1 * r for r in rates[1:]]
-        measured.append(Measurement(e, tuple(rates), SIZE, fluid_durations(truth, e.flows, SIZE)))
+        fair = max_min_rates(truth, e.flows)
+        size = tuple(max(1, int(SIZE * r / max(fair))) for r in fair) if own_sizes else SIZE
+        measured.append(Measurement(e, tuple(rates), size, fluid_durations(truth, e.flows, size)))
     return calibrate(nominal, measured), experiments, notes
 
 
@@ -120,27 +126,29 @@ RING = (
 
 
 SHAPES = [
-    pytest.param(UNIFORM, False, id="uniform"),
-    pytest.param(TWO_RACKS, False, id="two-racks"),
-    pytest.param(MULTI_RAIL, False, id="multi-rail"),
-    pytest.param(RING, False, id="asym-ring"),
+    pytest.param(UNIFORM, False, False, id="uniform"),
+    pytest.param(TWO_RACKS, False, False, id="two-racks"),
+    pytest.param(MULTI_RAIL, False, False, id="multi-rail"),
+    pytest.param(RING, False, False, id="asym-ring"),
     # flows of an incast or outcast here run to the same kind of limit, so their unfair share of
     # it while they compete is made up for by the full durations (in two-racks an outcast mixes
     # an in-rack flow and a cross-rack one, whose limits differ: there the window rates count)
-    pytest.param(UNIFORM, True, id="uniform-unfair"),
-    pytest.param(MULTI_RAIL, True, id="multi-rail-unfair"),
-    pytest.param(RING, True, id="asym-ring-unfair"),
+    pytest.param(UNIFORM, True, False, id="uniform-unfair"),
+    pytest.param(MULTI_RAIL, True, False, id="multi-rail-unfair"),
+    pytest.param(RING, True, False, id="asym-ring-unfair"),
+    # with flows sized to their own rates (as probed), the full durations make up for it there too
+    pytest.param(TWO_RACKS, True, True, id="two-racks-unfair-own-sizes"),
 ]
 
 
-@pytest.mark.parametrize(("shape", "unfair"), SHAPES)
-def test_every_network_link_is_recovered_from_nominal_guesses(shape, unfair):
+@pytest.mark.parametrize(("shape", "unfair", "own_sizes"), SHAPES)
+def test_every_network_link_is_recovered_from_nominal_guesses(shape, unfair, own_sizes):
     """Every link starts at 10 Gb/s nominal; max-min rates of the true capacities identify each
     network link's true rate (links of host-to-host cables and switches alike), also when
     competing flows share a link unevenly and leave it part idle while they compete."""
     truth = build(*shape)
     nominal = build(*shape, rate=lambda a, b, r: NOMINAL)
-    result, experiments, _ = probe(truth, nominal, unfair)
+    result, experiments, _ = probe(truth, nominal, unfair, own_sizes)
     assert net_links(result.topology) == pytest.approx(net_links(truth), rel=1e-9)
     # the in-host links were never the limit: they keep their nominal figure
     assert all(l.bw_bytes_per_s == INSIDE for l in result.topology.links if l.kind is LinkKind.LOOPBACK)

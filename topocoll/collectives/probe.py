@@ -100,20 +100,25 @@ def _sum(channel0: Any, values: torch.Tensor, timeout: timedelta, rank: int) -> 
     return values
 
 
-def _timed_round(channels: Sequence[Any], rank: int, experiment: Experiment, size: int, timeout: timedelta, tag: int) -> torch.Tensor:
-    """Arrival time (s after the start) of every piece of every flow of ``size`` bytes: a
-    (flows, PIECES) tensor, known on every rank."""
+def _timed_round(
+    channels: Sequence[Any], rank: int, experiment: Experiment, sizes: Sequence[int], timeout: timedelta, tag: int
+) -> torch.Tensor:
+    """Arrival time (s after the start) of every piece of every flow, flow ``i`` sending
+    ``sizes[i]`` bytes: a (flows, PIECES) tensor, known on every rank."""
     arrivals = torch.zeros(len(experiment.flows), PIECES, dtype=torch.float64)
-    mine = [f for f in experiment.flows if rank in (f.src, f.dst)]
-    piece = -(-size // PIECES)
-    buffer = torch.empty(piece * PIECES * max(1, len(mine)), dtype=torch.uint8)
+    pieces = [-(-size // PIECES) for size in sizes]
+    bases, total = {}, 0
+    for index, flow in enumerate(experiment.flows):
+        if rank in (flow.src, flow.dst):
+            bases[index], total = total, total + pieces[index] * PIECES
+    buffer = torch.empty(max(total, 1), dtype=torch.uint8)
     _sum(channels[0], torch.zeros(1), timeout, rank)  # everyone starts together
     start = time.perf_counter()
     receiving, sending = [], []
     for index, flow in enumerate(experiment.flows):
         if rank not in (flow.src, flow.dst):
             continue
-        group, base = channels[flow.channel], piece * PIECES * mine.index(flow)
+        group, base, piece = channels[flow.channel], bases[index], pieces[index]
         for k in range(PIECES):
             view = buffer[base + piece * k : base + piece * (k + 1)]
             if flow.dst == rank:
@@ -128,13 +133,13 @@ def _timed_round(channels: Sequence[Any], rank: int, experiment: Experiment, siz
     return _sum(channels[0], arrivals.flatten(), timeout, rank).view(len(experiment.flows), PIECES)
 
 
-def window_rates(arrivals: torch.Tensor, size: int) -> tuple[float, ...]:
+def window_rates(arrivals: torch.Tensor, sizes: Sequence[int]) -> tuple[float, ...]:
     """Each flow's rate over the common window: bytes received by the time the first flow
-    finished, over that time (interpolated between pieces)."""
-    piece = size / arrivals.shape[1]
+    finished, over that time (interpolated between pieces); flow ``i`` sent ``sizes[i]``."""
     window = float(arrivals[:, -1].min())
     rates = []
-    for times in arrivals.tolist():
+    for times, size in zip(arrivals.tolist(), sizes):
+        piece = size / arrivals.shape[1]
         received, previous = 0.0, 0.0
         for t in times:
             if t <= window:
@@ -225,18 +230,24 @@ def run_probe(
     began = time.perf_counter()
     for number, experiment in enumerate(experiments):
         tag = _PROBE_TAG + 4000 * number
-        _timed_round(channels, rank, experiment, min(64 << 10, settings.initial_bytes), timeout, tag)  # connect, warm up
-        size = settings.initial_bytes
-        arrivals = _timed_round(channels, rank, experiment, size, timeout, tag + 1000)
-        longest = float(arrivals.max())
-        if longest < settings.target_s and size < settings.max_bytes:
-            size = min(settings.max_bytes, int(size * settings.target_s / max(longest, 1e-6) * 1.1))
-            arrivals = _timed_round(channels, rank, experiment, size, timeout, tag + 2000)
-        rates = window_rates(arrivals, size)
-        measurements.append(Measurement(experiment, rates, size, tuple(max(float(t), 1e-9) for t in arrivals[:, -1])))
+        flows = len(experiment.flows)
+        _timed_round(channels, rank, experiment, (min(64 << 10, settings.initial_bytes),) * flows, timeout, tag)  # connect, warm up
+        sizes = (settings.initial_bytes,) * flows
+        arrivals = _timed_round(channels, rank, experiment, sizes, timeout, tag + 1000)
+        if float(arrivals.max()) < settings.target_s and settings.initial_bytes < settings.max_bytes:
+            # each flow sized by its own rate to last about target_s: with one size for all,
+            # the fastest flow would end the common window while a slower one still ramped up
+            sizes = tuple(
+                max(1, min(settings.max_bytes, int(size * settings.target_s / max(float(t), 1e-6) * 1.1)))
+                for size, t in zip(sizes, arrivals[:, -1].tolist())
+            )
+            arrivals = _timed_round(channels, rank, experiment, sizes, timeout, tag + 2000)
+        rates = window_rates(arrivals, sizes)
+        measurements.append(Measurement(experiment, rates, sizes, tuple(max(float(t), 1e-9) for t in arrivals[:, -1])))
         if progress is not None:
             shown = ", ".join(f"{r / 1e6:.3g}" for r in rates)
-            progress(f"probe {number + 1}/{len(experiments)}: {experiment.describe()}: {shown} MB/s ({size} B per flow)")
+            amounts = "/".join(str(size) for size in dict.fromkeys(sizes))
+            progress(f"probe {number + 1}/{len(experiments)}: {experiment.describe()}: {shown} MB/s ({amounts} B per flow)")
     latencies = _latency(channels, rank, experiments, settings.latency_rounds, timeout)
     result = calibrate(topology, measurements, latencies)
     if progress is not None:

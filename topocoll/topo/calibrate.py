@@ -104,8 +104,8 @@ class Measurement:
     experiment : Experiment
     rates_bytes_per_s : tuple of float
         Each flow's rate while all of them ran (the common window).
-    size_bytes : int, optional
-        Bytes every flow sent.
+    size_bytes : int or tuple of int, optional
+        Bytes every flow sent, or each flow's.
     durations_s : tuple of float, optional
         How long each flow took in full. With ``size_bytes``, a second view of a link's load:
         all its flows' bytes over the time until the last finished, which stays right when
@@ -114,8 +114,14 @@ class Measurement:
 
     experiment: Experiment
     rates_bytes_per_s: tuple[float, ...]
-    size_bytes: int | None = None
+    size_bytes: int | tuple[int, ...] | None = None
     durations_s: tuple[float, ...] | None = None
+
+    def flow_bytes(self, flow: int) -> int:
+        """Bytes flow ``flow`` (its index in the experiment) sent."""
+        if self.size_bytes is None:
+            raise TopologyError(f"{self.experiment.describe()}: no sizes were measured")
+        return self.size_bytes if isinstance(self.size_bytes, int) else self.size_bytes[flow]
 
     def __post_init__(self) -> None:
         where, n = self.experiment.describe(), len(self.experiment.flows)
@@ -125,8 +131,11 @@ class Measurement:
             raise TopologyError(f"{where}: every measured rate must be > 0, got {self.rates_bytes_per_s}")
         if (self.size_bytes is None) != (self.durations_s is None):
             raise TopologyError(f"{where}: size_bytes and durations_s go together")
-        if self.durations_s is not None and (len(self.durations_s) != n or not all(d > 0 for d in self.durations_s) or not self.size_bytes > 0):
-            raise TopologyError(f"{where}: need {n} durations > 0 and size_bytes > 0, got {self.durations_s}, {self.size_bytes}")
+        sizes = (self.size_bytes,) * n if isinstance(self.size_bytes, int) else self.size_bytes
+        if self.durations_s is not None and (
+            len(self.durations_s) != n or not all(d > 0 for d in self.durations_s) or len(sizes) != n or not all(b > 0 for b in sizes)
+        ):
+            raise TopologyError(f"{where}: need {n} durations > 0 and sizes > 0, got {self.durations_s}, {self.size_bytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +303,7 @@ def calibrate(
         concurrent = sum(measurement.rates_bytes_per_s[f] for f in mine)
         if measurement.durations_s is None:
             return concurrent
-        return max(concurrent, len(mine) * measurement.size_bytes / max(measurement.durations_s[f] for f in mine))
+        return max(concurrent, sum(measurement.flow_bytes(f) for f in mine) / max(measurement.durations_s[f] for f in mine))
 
     largest = {key: max(load(key, m) for m, _ in key) for key in classes}
     identified: set[frozenset] = set()
