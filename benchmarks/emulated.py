@@ -14,7 +14,8 @@ collective three ways on the same hosts:
 - ``gloo fastest rail``: on hosts with several NICs, gloo's own collective again with
   ``GLOO_SOCKET_IFNAME`` naming the host's fastest NIC, the best a one-NIC collective can do.
 
-``topocoll simulate`` predicts topo's time on the probed topology for comparison. Results go
+``topocoll simulate`` predicts topo's time on the probed topology for comparison: the event
+simulator on the schedule the backend ran (planned as the backend plans, with its step cost). Results go
 to ``OUT/<scenario>.json`` and ``.png`` (busbw against size) and one table, ``OUT/README.md``.
 
 usage: sudo .venv/bin/python benchmarks/emulated.py [--scenarios a,b] [--sizes 16M,64M] [-o DIR]
@@ -86,20 +87,52 @@ def bench(cluster, collective, extra, topology_path, sizes, iters, work: Path, t
     return json.loads(out.read_text())
 
 
-def simulate(topology_path: Path, collective: str, sizes: list[str], work: Path) -> dict[int, float]:
+def simulate(topology_path: Path, collective: str, sizes_bytes: list[int], work: Path) -> dict[int, tuple[float, str]]:
+    """``topocoll simulate``'s prediction of the schedule the backend ran at each size: planned
+    as the backend plans CPU collectives (its planner, for the size's bucket, on the probed
+    topology), run through the event simulator with the backend's step cost. Returns
+    ``{size: (time_s, schedule name)}``."""
     from topocoll.cli import main as topocoll
+    from topocoll.collectives.schedule_source import STEP_OVERHEAD_S, default_planner, size_bucket
+    from topocoll.solver.schedule import Collective
 
-    out = work / f"{collective}-sim.json"
-    with open(os.devnull, "w") as sink:
-        stdout, sys.stdout = sys.stdout, sink
-        try:
-            status = topocoll(["simulate", "--topology", str(topology_path), "--collective", collective,
-                               "--sizes", ",".join(sizes), "-J", str(out)])
-        finally:
-            sys.stdout = stdout
-    if status != 0:
-        raise RuntimeError(f"topocoll simulate failed for {collective}")
-    return {row["size_bytes"]: row["results"]["topocoll"]["time_s"] for row in json.loads(out.read_text())["rows"]}
+    topology = load_topology(topology_path)
+    kind = Collective.parse(collective)
+    predicted = {}
+    for size in sizes_bytes:
+        schedule = default_planner(topology, kind, topology.compute_nodes(), 0 if kind.is_rooted else None, size_bucket(size))
+        path, out = work / f"{collective}-{size}-schedule.json", work / f"{collective}-{size}-sim.json"
+        path.write_text(schedule.to_json())
+        with open(os.devnull, "w") as sink:
+            stdout, sys.stdout = sys.stdout, sink
+            try:
+                status = topocoll(["simulate", "--topology", str(topology_path), "--schedule", str(path), "--sizes", str(size),
+                                   "--model", "events", "--overhead-us", str(STEP_OVERHEAD_S * 1e6), "--baselines", "none",
+                                   "-J", str(out)])
+            finally:
+                sys.stdout = stdout
+        if status != 0:
+            raise RuntimeError(f"topocoll simulate failed for {collective} at {size} B")
+        (row,) = json.loads(out.read_text())["rows"]
+        predicted[size] = (row["results"]["topocoll"]["time_s"], schedule.name)
+    return predicted
+
+
+def resimulate(out: Path, names: list[str]) -> None:
+    """Predict again, with :func:`simulate`, every row of ``OUT/<scenario>.json`` from the probed
+    topology the file keeps (the measurements stay as they are)."""
+    for name in names:
+        path = out / f"{name}.json"
+        result = json.loads(path.read_text())
+        with tempfile.TemporaryDirectory(prefix="topocoll-emulated-") as tmp:
+            work = Path(tmp)
+            (work / "probed.json").write_text(json.dumps(result["probed_topology"]))
+            for collective, data in result["collectives"].items():
+                predicted = simulate(work / "probed.json", collective, [r["size_bytes"] for r in data["rows"]], work)
+                for row in data["rows"]:
+                    row["predicted_time_s"], row["predicted_schedule"] = predicted[row["size_bytes"]]
+        path.write_text(_without_run_dir(json.dumps(result, indent=1, sort_keys=True)) + "\n")
+        say(f"{name}: predicted again")
 
 
 def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: bool = False) -> dict:
@@ -131,7 +164,7 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: b
                 if fastest is not None:
                     best_rail = bench(cluster, collective, ["--backend", "gloo", "--baseline", "none"], work / "probed.json", sizes,
                                       iters, work, "gloo-fastest", prefix=("env", f"GLOO_SOCKET_IFNAME={fastest}"))
-                predicted = simulate(work / "probed.json", collective, sizes, work)
+                predicted = simulate(work / "probed.json", collective, [r["size_bytes"] for r in topo["rows"]], work)
                 rows = []
                 for i, (a, b) in enumerate(zip(topo["rows"], ring["rows"])):
                     size = a["size_bytes"]
@@ -146,7 +179,8 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: b
                         "wrong": a["results"]["topo"]["wrong"] + b["results"]["topo"]["wrong"] + a["results"]["baseline"]["wrong"]
                         + (fast["wrong"] if fast is not None else 0),
                         "bound_busbw_bytes_per_s": a["bound_busbw_bytes_per_s"],
-                        "predicted_time_s": predicted.get(size),
+                        "predicted_time_s": predicted[size][0],
+                        "predicted_schedule": predicted[size][1],
                     })
                 result["collectives"][collective] = {"rows": rows, "command": topo["config"]["command"]}
     return result
@@ -237,10 +271,16 @@ def main() -> int:
     parser.add_argument("-n", "--iters", type=int, default=3, help="timed operations per size (default 3)")
     parser.add_argument("--delays", action="store_true", help="emulate the scenarios' delays too (needs the netem qdisc)")
     parser.add_argument("--probe-only", action="store_true", help="only probe; write OUT/<scenario>.probe.json")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="measure nothing: predict every row of OUT/<scenario>.json again from the probed topology it keeps")
     parser.add_argument("-o", "--out", default=str(REPO / "benchmarks" / "results" / "emulated"), help="results folder")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.resimulate:
+        resimulate(out, args.scenarios.split(","))
+        print(write_summary(out))
+        return 0
     for name in args.scenarios.split(","):
         result = measure(name, args.sizes.split(","), args.iters, args.delays, args.probe_only)
         result["command"] = "sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:])
