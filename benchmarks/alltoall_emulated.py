@@ -100,13 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out", type=Path, default=REPO / "benchmarks" / "results" / "alltoall_emulated")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = [measure(name, args.sizes, args.iters, args.out) for name in args.scenarios.split(",")]
+    command = "sudo .venv/bin/python benchmarks/alltoall_emulated.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    fresh = [measure(name, args.sizes, args.iters, args.out) for name in args.scenarios.split(",")]
+    for result in fresh:
+        result["command"] = command.strip()
     from topocoll.fileio import write_atomic
 
-    command = "sudo .venv/bin/python benchmarks/alltoall_emulated.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    # scenarios measured before and not now keep their rows (each names the command that made it)
+    earlier = args.out / "results.json"
+    kept = json.loads(earlier.read_text()) if earlier.exists() else {"results": []}
+    now = {r["scenario"] for r in fresh}
+    for result in kept["results"]:
+        result.setdefault("command", kept.get("command", ""))
+    results = [r for r in kept["results"] if r["scenario"] not in now] + fresh
+    results.sort(key=lambda r: r["scenario"])
+    commands = "".join(f"- {r['scenario']}: `{r['command']}`\n" for r in results)
     text = (
         "# Routed all-to-all against gloo's on emulated clusters\n\n"
-        f"Command: `{command.strip()}`. One rank per emulated host running `topocoll-bench alltoall` with the scenario's "
+        f"Commands:\n{commands}\nOne rank per emulated host running `topocoll-bench alltoall` with the scenario's "
         "ground-truth topology (`--skew uniform`: S/n to every rank, as alltoall_perf; `--skew zipf:1.2`: every rank's S "
         "spread by Zipf(1.2) over the others). Times are the slowest rank's (`-a 3`), each size measured on topo and then "
         "on gloo's own all_to_all_single after one untimed call each; the bound is the matrix's cut bound on the ground "
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         + table(results)
     )
     write_atomic(args.out / "README.md", text)
-    write_atomic(args.out / "results.json", json.dumps({"command": command.strip(), "results": results}, indent=1, sort_keys=True) + "\n")
+    write_atomic(args.out / "results.json", json.dumps({"results": results}, indent=1, sort_keys=True) + "\n")
     print(text)
     return 0
 
