@@ -184,3 +184,20 @@ def test_simulate_runs_without_torch(flat4, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "0 []"
     assert json.loads((tmp_path / "p.json").read_text())["rows"]
+
+
+def test_the_in_switch_bound_is_said_where_it_passes_the_cut(capsys, tmp_path):
+    from topocoll.topo.presets import build_preset
+
+    path = tmp_path / "h100.json"
+    path.write_text(build_preset("dgx-h100").to_json())
+    out_json = tmp_path / "p.json"
+    status, out, err = _run(capsys, ["simulate", "--topology", str(path), "--collective", "allreduce", "--sizes", "1G",
+                                     "--baselines", "none", "--ranks", "gpu0,gpu1,gpu2,gpu3", "-J", str(out_json)])
+    assert status == 0, err
+    assert "# In-switch reduction (NVLS) allows algbw up to 360.00 GB/s" in out  # 450 GB/s / (1 + 1/4)
+    assert json.loads(out_json.read_text())["config"]["in_switch_bound"]["algbw_bytes_per_s"] == pytest.approx(360e9)
+    status, out, err = _run(capsys, ["simulate", "--topology", str(path), "--collective", "allreduce", "--sizes", "1G",
+                                     "--baselines", "none", "--ranks", "gpu0,gpu1", "-J", str(out_json)])
+    assert status == 0, err
+    assert "In-switch" not in out  # two GPUs: up and down costs more than one exchange

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from tests.solver import helpers as H
 from topocoll.errors import ScheduleError, SolverError, TopocollError, TopologyError
-from topocoll.solver.bound import cut_bound
+from topocoll.solver.bound import NVLS_MIN_SM, cut_bound, in_network_bound
 from topocoll.solver.planner import plan_collective
 from topocoll.solver.schedule import SYNTHESIZED, Collective
 from topocoll.topo.bandwidth import nvlink_bw_bytes_per_s
@@ -329,3 +330,46 @@ def test_non_positive_size():
     with pytest.raises(SolverError) as info:
         plan_collective(topo, "allgather", size_bytes=0)
     assert "size" in _one_line(info.value)
+
+
+
+# ----------------------------------------------------------------------------- in-switch reduction
+def _nvlink_to_switches(topology, gpu):
+    """The GPU's NVLink bandwidth up to the NVSwitches, added up from the links one by one."""
+    switches = {n.id for n in topology.nodes if n.kind.value == "nvswitch"}
+    return sum(l.bw_bytes_per_s for l in topology.links if l.src == gpu and l.dst in switches and l.kind.value == "nvlink")
+
+
+@pytest.mark.parametrize("count", [8, 4, 2])
+def test_nvls_bound_of_an_h100_box_follows_from_its_nvlinks(count):
+    """Every byte up to the switch once and down once, plus the own shard: S (1 + 1/N) / B."""
+    from topocoll.topo.presets import build_preset
+
+    h100 = build_preset("dgx-h100")
+    ranks = h100.compute_nodes()[:count]
+    bw = min(_nvlink_to_switches(h100, g) for g in ranks)
+    assert bw == pytest.approx(18 * 25e9)  # 18 NVLink-4 links of 25 GB/s each way per H100
+    found = in_network_bound(h100, Collective.ALLREDUCE, ranks)
+    assert found is not None and found.mechanism == "NVLS"
+    assert found.time_per_byte_s == pytest.approx((1 + 1 / count) / bw)
+    # with 4 GPUs or more it passes the point-to-point cut (so the commands report it); with 2 the
+    # up-and-down traffic costs more than the one exchange a pair needs
+    cut = cut_bound(h100, Collective.ALLREDUCE, ranks).algbw_bytes_per_s
+    assert (found.algbw_bytes_per_s > cut) == (count >= 4)
+
+
+def test_no_nvls_bound_without_hopper_nvswitches_or_for_other_collectives():
+    from topocoll.topo.cluster import make_cluster
+    from topocoll.topo.presets import build_preset
+
+    a100 = build_preset("dgx-a100")  # NVSwitch, but sm 80
+    assert all(a100.node(g).sm == 80 < NVLS_MIN_SM for g in a100.compute_nodes())
+    assert in_network_bound(a100, Collective.ALLREDUCE, a100.compute_nodes()) is None
+    h100 = build_preset("dgx-h100")
+    for collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST):
+        assert in_network_bound(h100, collective, h100.compute_nodes()) is None
+    two = make_cluster("dgx-h100", 2)  # two NVLink domains: NVLS does not reach across the network
+    assert in_network_bound(two, Collective.ALLREDUCE, two.compute_nodes()) is None
+    assert in_network_bound(two, Collective.ALLREDUCE, two.compute_nodes()[:8]) is not None
+    unknown = Topology(tuple(n if n.kind.value != "gpu" else dataclasses.replace(n, sm=None) for n in h100.nodes), h100.links)
+    assert in_network_bound(unknown, Collective.ALLREDUCE, unknown.compute_nodes()) is None  # sm not known: no claim

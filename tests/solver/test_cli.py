@@ -108,3 +108,18 @@ def test_synthesize_checks_the_output_folder_before_solving(capsys, dgx1, tmp_pa
     )
     assert_one_line_error(status, err, "topocoll", "does not exist")
     assert out == ""
+
+
+def test_synthesize_reports_in_switch_reduction_where_nvswitches_offer_it(capsys, tmp_path):
+    """On an H100 box the NVLS figure, S (1 + 1/8) over a GPU's 18 x 25 GB/s, is printed beside
+    the cut bound; on an A100 box (no NVLS) nothing is said of it."""
+    for preset, expected in (("dgx-h100", 450e9 / (1 + 1 / 8)), ("dgx-a100", None)):
+        path = tmp_path / f"{preset}.json"
+        path.write_text(build_preset(preset).to_json())
+        status, out, err = _run(capsys, ["synthesize", "--topology", str(path), "--collective", "allreduce", "-o", str(tmp_path / "s.json")])
+        assert status == 0, err
+        match = re.search(r"^in-switch\s+algbw\s+([\d.]+) GB/s\s+with NVLS", out, re.MULTILINE)
+        if expected is None:
+            assert match is None, out
+        else:
+            assert match and float(match.group(1)) == pytest.approx(expected / 1e9, abs=0.01), out

@@ -191,7 +191,7 @@ def simulate_report(
     from topocoll.bench.collective_table import COLLECTIVES, DTYPE_ITEMSIZES, canonical_dtype_name
     from topocoll.bench.report import Measurement, Report, Row
     from topocoll.solver.baselines import BASELINES
-    from topocoll.solver.bound import cut_bound
+    from topocoll.solver.bound import cut_bound, in_network_bound
     from topocoll.solver.alpha_beta import simulate
     from topocoll.solver.events import event_sweep
     from topocoll.solver.planner import choose, max_network_flows_per_link
@@ -271,6 +271,14 @@ def simulate_report(
         "speedup = fastest baseline time / topocoll time; bound = cut-bound algbw; %bound = topocoll algbw / bound",
         "Predicted, not measured: " + MODEL_CAVEATS[model],
     )
+    in_switch = in_network_bound(topology, collective, ranks)
+    if in_switch is not None and in_switch.algbw_bytes_per_s <= bound.algbw_bytes_per_s:
+        in_switch = None  # no faster than point-to-point (two GPUs): nothing to say
+    if in_switch is not None:
+        header += (
+            f"In-switch reduction ({in_switch.mechanism}) allows algbw up to {in_switch.algbw_bytes_per_s / 1e9:.2f} GB/s, past the "
+            "cut bound: NCCL's NVLS algorithm is not held to it, point-to-point schedules are",
+        )
     settings = {
         "topology": {"name": topology.name, "digest": digest, "notes": list(topology.notes), "nodes": list(ranks)},
         "collective": collective.value,
@@ -282,6 +290,9 @@ def simulate_report(
         "busiest_links": busiest_links(chosen[-1], topology, effective[-1], per_message_overhead_s, model, last_point) if effective else [],
         "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
         "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
+        "in_switch_bound": (
+            {"mechanism": in_switch.mechanism, "algbw_bytes_per_s": in_switch.algbw_bytes_per_s} if in_switch is not None else None
+        ),
     }
     settings.update(config or {})
     return Report(

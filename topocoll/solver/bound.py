@@ -33,7 +33,7 @@ from topocoll.errors import SolverError
 from topocoll.solver.link_arrays import link_arrays
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Collective
-from topocoll.topo.model import Topology
+from topocoll.topo.model import LinkKind, NodeKind, Topology
 
 #: Integer capacities handed to the max-flow code are scaled so the largest is this big;
 #: scipy's max-flow works on 32-bit integers, and 1e9 keeps the relative rounding below 1e-8.
@@ -229,3 +229,98 @@ def bound_time_s(
 ) -> float:
     """Shorthand: the bound's time for ``size_bytes`` (see :func:`cut_bound`)."""
     return cut_bound(topology, collective, ranks, root).time_s(size_bytes)
+
+
+#: NVLink SHARP (NVLS), the reduction inside third-generation NVSwitches, serves GPUs of compute
+#: capability 9.0 (Hopper) and later; NCCL offers its NVLS algorithms from there on.
+NVLS_MIN_SM = 90
+
+
+@dataclass(frozen=True, slots=True)
+class InNetworkBound:
+    """The least time of an allreduce whose reduction happens inside the switches (NVLS).
+
+    Point-to-point schedules cannot use it, so the cut bound does not limit it: a collective
+    library that reduces in the switch may run faster than :func:`cut_bound` allows.
+
+    Attributes
+    ----------
+    collective : Collective
+    ranks : tuple of str
+    time_per_byte_s : float
+        Least time per byte of the buffer.
+    gpu_bw_bytes_per_s : float
+        The narrowest rank's NVLink bandwidth to the switches, each way.
+    mechanism : str
+        ``"NVLS"``.
+    """
+
+    collective: Collective
+    ranks: tuple[str, ...]
+    time_per_byte_s: float
+    gpu_bw_bytes_per_s: float
+    mechanism: str = "NVLS"
+
+    def time_s(self, size_bytes: float) -> float:
+        """Least possible bandwidth time for ``size_bytes``."""
+        return self.time_per_byte_s * size_bytes
+
+    @property
+    def algbw_bytes_per_s(self) -> float:
+        """The best algorithm bandwidth with in-switch reduction."""
+        return 1.0 / self.time_per_byte_s
+
+
+def in_network_bound(topology: Topology, collective: Collective, ranks: Sequence[str]) -> InNetworkBound | None:
+    """The bound of an allreduce reduced inside NVSwitches (NVLS), where the ranks can use it.
+
+    With NVLS every byte of every GPU's buffer goes up to the switch once (the switch reads it
+    for the reduction of its shard) and every reduced byte comes down to every GPU once (the
+    switch multicasts it); each GPU also fetches its own reduced shard and stores it back. So
+    each GPU's NVLinks carry ``S (1 + 1/N)`` each way, and ``T >= S (1 + 1/N) / B`` with ``B``
+    the narrowest rank's NVLink bandwidth to the switches: a bus bandwidth of up to
+    ``2 (N - 1) / (N + 1) B``, where point-to-point schedules reach at most ``B``.
+
+    Parameters
+    ----------
+    topology : Topology
+    collective : Collective
+    ranks : sequence of str
+        Rank nodes.
+
+    Returns
+    -------
+    InNetworkBound or None
+        None unless the collective is an allreduce over two or more GPUs whose compute
+        capability is known and at least :data:`NVLS_MIN_SM`, all joined by NVLink to the same
+        NVSwitches (one machine's NVLink domain).
+
+    Examples
+    --------
+    >>> from topocoll.topo.presets import build_preset
+    >>> h100 = build_preset("dgx-h100")
+    >>> nvls = in_network_bound(h100, Collective.ALLREDUCE, h100.compute_nodes())
+    >>> round(nvls.gpu_bw_bytes_per_s / 1e9), nvls.mechanism
+    (450, 'NVLS')
+    >>> in_network_bound(build_preset("dgx-a100"), Collective.ALLREDUCE, build_preset("dgx-a100").compute_nodes()) is None
+    True
+    """
+    ranks = tuple(ranks)
+    if collective is not Collective.ALLREDUCE or len(ranks) < 2:
+        return None
+    switches = {n.id for n in topology.nodes if n.kind is NodeKind.NVSWITCH}
+    domain: frozenset[str] | None = None
+    narrowest = math.inf
+    for rank in ranks:
+        node = topology.node(rank)
+        if node.kind is not NodeKind.GPU or node.sm is None or node.sm < NVLS_MIN_SM:
+            return None
+        up = {link.dst: link.bw_bytes_per_s for link in topology.links if link.src == rank and link.kind is LinkKind.NVLINK and link.dst in switches}
+        down = {link.src: link.bw_bytes_per_s for link in topology.links if link.dst == rank and link.kind is LinkKind.NVLINK and link.src in switches}
+        reached = frozenset(up)
+        if not reached or reached != frozenset(down) or (domain is not None and reached != domain):
+            return None
+        domain = reached
+        narrowest = min(narrowest, sum(up.values()), sum(down.values()))
+    n = len(ranks)
+    return InNetworkBound(collective, ranks, (1 + 1 / n) / narrowest, narrowest)

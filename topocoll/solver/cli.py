@@ -8,7 +8,7 @@ import time
 
 from topocoll.errors import UsageError
 from topocoll.fileio import check_output_path, write_atomic
-from topocoll.solver.bound import Bound, cut_bound
+from topocoll.solver.bound import Bound, cut_bound, in_network_bound
 from topocoll.solver.lp import SOLVERS
 from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective
 from topocoll.solver.schedule import Collective, Schedule, load_schedule
@@ -147,6 +147,12 @@ def run_synthesize(args: argparse.Namespace) -> int:
             f"  [{chosen.name}, {result.status.value}, {len(chosen.schedule.chunks)} chunks, {len(chosen.schedule.steps)} steps]",
         ),
     ]
+    in_switch = in_network_bound(topology, collective, ranks)
+    if in_switch is not None and in_switch.algbw_bytes_per_s > bound.algbw_bytes_per_s:
+        lines.append(
+            f"{'in-switch':<12}algbw {format_bandwidth(in_switch.algbw_bytes_per_s):>12}  with {in_switch.mechanism} "
+            "(reduction inside the NVSwitches): not for point-to-point schedules, so NCCL's NVLS may pass the bound above"
+        )
     if size is not None:
         model = "event simulator" if result.model == "events" else "alpha-beta model"
         lines.append(f"{'':<12}predicted time {format_time(chosen.predicted_time_s)} at {format_size(size)} ({model})")
