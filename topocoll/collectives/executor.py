@@ -214,7 +214,7 @@ class Executor:
 
     def run_native(self, collective: Collective, buffer: torch.Tensor, reduction: Reduction | None, world_size: int, sequence: int | None = None) -> None:
         """Run ``collective`` on ``buffer`` in place with the inner backend's own collective (a
-        schedule named :data:`topocoll.solver.planner.NATIVE`).
+        schedule named :data:`topocoll.solver.schedule.NATIVE`).
 
         Parameters
         ----------

@@ -61,7 +61,7 @@ pays for in synchronisation."""
 
 
 #: The collectives gloo runs itself as a ring in rank order (its allreduce and allgather), which
-#: the CPU planner may therefore hand back to it (:data:`topocoll.solver.planner.NATIVE`).
+#: the CPU planner may therefore hand back to it (:data:`topocoll.solver.schedule.NATIVE`).
 GLOO_RING_COLLECTIVES = (Collective.ALLREDUCE, Collective.ALLGATHER)
 
 
