@@ -89,26 +89,33 @@ def step_costs(schedule: Schedule, topology: Topology) -> tuple[StepCost, ...]:
         A path is not a route of the topology (run the verifier for a full report).
     """
     sizes = schedule.chunk_fractions()
-    resolved: dict[tuple[str, ...], tuple[tuple[tuple[str, str], ...], float]] = {}
-    bw = {(link.src, link.dst): link.bw_bytes_per_s for link in topology.links}
+    # Each distinct path is resolved once, to link numbers (cheap dictionary keys) and latency.
+    resolved: dict[tuple[str, ...], tuple[tuple[int, ...], float]] = {}
+    link_number: dict[tuple[str, str], int] = {}
+    bw: list[float] = []
     costs = []
     for s, step in enumerate(schedule.steps):
-        load: dict[tuple[str, str], float] = {}
+        load: dict[int, float] = {}
         latency_s = 0.0
         for t in step:
             entry = resolved.get(t.path)
             if entry is None:
                 try:
-                    entry = resolve_path(topology, t.path)
+                    links, lat = resolve_path(topology, t.path)
                 except ScheduleError as exc:
                     raise ScheduleError(f"step {s}: transfer {t.src}->{t.dst} chunk {t.chunk}: {exc}") from None
-                resolved[t.path] = entry
-            links, lat = entry
-            latency_s = max(latency_s, lat)
+                for link in links:
+                    if link not in link_number:
+                        link_number[link] = len(bw)
+                        bw.append(topology.capacity(*link))
+                entry = resolved[t.path] = (tuple(link_number[link] for link in links), lat)
+            numbers, lat = entry
+            if lat > latency_s:
+                latency_s = lat
             fraction = sizes[t.chunk]
-            for link in links:
-                load[link] = load.get(link, 0.0) + fraction
-        s_per_byte = max((f / bw[link] for link, f in load.items()), default=0.0)
+            for i in numbers:
+                load[i] = load.get(i, 0.0) + fraction
+        s_per_byte = max((f / bw[i] for i, f in load.items()), default=0.0)
         costs.append(StepCost(s_per_byte, latency_s, len(step)))
     return tuple(costs)
 

@@ -220,7 +220,8 @@ def cut_bound(topology: Topology, collective: Collective, ranks: Sequence[str], 
         x, binding = _shard_rate(topology, ranks, reverse=True)
         return Bound(collective, ranks, 1.0 / (n * x), binding)
     gather = cut_bound(topology, Collective.ALLGATHER, ranks)
-    scatter = cut_bound(topology, Collective.REDUCE_SCATTER, ranks)
+    # On a full-duplex graph the reversed graph is the graph: reduce-scatter's bound is allgather's.
+    scatter = gather if topology.is_symmetric() else cut_bound(topology, Collective.REDUCE_SCATTER, ranks)
     return Bound(collective, ranks, gather.time_per_byte_s + scatter.time_per_byte_s, gather.bottleneck)
 
 

@@ -11,7 +11,7 @@ from topocoll.fileio import check_output_path, write_atomic
 from topocoll.solver.bound import Bound, cut_bound, in_network_bound
 from topocoll.solver.lp import SOLVERS
 from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective
-from topocoll.solver.schedule import Collective, Schedule, load_schedule
+from topocoll.solver.schedule import FORMAT_VERSIONS, Collective, Schedule, load_schedule
 from topocoll.solver.synthesize import SynthesisOptions
 from topocoll.solver.verify import require_topology_digest, verify
 from topocoll.topo.io import load_topology
@@ -23,6 +23,11 @@ examples:
   topocoll synthesize --topology dgx1.json --collective allreduce -o ar.json
   topocoll synthesize --topology node.xml --collective allgather --ranks gpu0,gpu3,gpu5 -o ag.json
   topocoll synthesize --topology cluster.json --collective broadcast --root 3 --size 4K -o bc.json
+  topocoll synthesize --topology h100x128.json --collective allreduce --format 2 -o ar.json
+
+--format 2 writes the compact form (topocoll.schedule/2: each path once, transfers as path
+numbers grouped by chunk), a tenth of the size or less for large clusters; the default, format 1,
+spells out every transfer as contract 2 of the design describes. Every command reads both.
 
 The schedule is verified before it is written. Without --size the bandwidth-optimal schedule
 is chosen; with --size the one with the lowest predicted time at that size (small messages get
@@ -67,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"software cost per step in the alpha-beta model, µs (default {DEFAULT_PER_MESSAGE_OVERHEAD_S * 1e6:g})",
     )
     p.add_argument("-o", "--output", required=True, metavar="SCHEDULE.json", help="where to write the schedule")
+    add_format_option(p)
     p.set_defaults(func=run_synthesize)
 
     v = subparsers.add_parser(
@@ -82,6 +88,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--size", metavar="BYTES", default="256M", help="size for the reported times (default 256M)")
     v.add_argument("--overhead-us", type=float, default=DEFAULT_PER_MESSAGE_OVERHEAD_S * 1e6, metavar="US")
     v.set_defaults(func=run_verify)
+
+
+def add_format_option(parser: argparse.ArgumentParser) -> None:
+    """``--format {1,2}``: which schedule file format to write."""
+    parser.add_argument(
+        "--format",
+        type=int,
+        choices=sorted(FORMAT_VERSIONS),
+        default=1,
+        help="schedule file format: 1 spells out every transfer (default), 2 is the compact form for large clusters",
+    )
 
 
 def rank_nodes(topology: Topology, text: str | None) -> tuple[str, ...]:
@@ -163,8 +180,9 @@ def run_synthesize(args: argparse.Namespace) -> int:
         else:
             lines.append(f"{label:<12}n/a (not built for this many ranks)")
     lines.append(f"{'solved in':<12}{elapsed:.2f} s ({options.solver})")
-    write_atomic(args.output, chosen.schedule.to_json())
-    lines.append(f"{'wrote':<12}{args.output}")
+    text = chosen.schedule.to_json(args.format)
+    write_atomic(args.output, text)
+    lines.append(f"{'wrote':<12}{args.output} ({FORMAT_VERSIONS[args.format]}, {len(text) / 1e6:.1f} MB)")
     print("\n".join(lines))
     return 0
 

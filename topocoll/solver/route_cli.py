@@ -14,7 +14,7 @@ from topocoll import fileio
 from topocoll.errors import FormatError, SolverError, UsageError
 from topocoll.fileio import check_output_path, write_atomic
 from topocoll.solver import traffic
-from topocoll.solver.cli import rank_nodes
+from topocoll.solver.cli import add_format_option, rank_nodes
 from topocoll.topo.io import load_topology
 from topocoll.topo.model import Topology
 from topocoll.units import format_time, parse_size
@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="order of --pattern zipf's destinations (default 0)")
     p.add_argument("--method", choices=("lp", "fast", "single_path", "direct"), default="lp", help="the routing -o writes (default lp)")
     p.add_argument("-o", "--output", metavar="SCHEDULE.json", help="write the routing of --method as an all-to-all schedule")
+    add_format_option(p)
     p.set_defaults(func=run_route)
 
 
@@ -135,7 +136,7 @@ def run_route(args: argparse.Namespace) -> int:
         )
     if args.output:
         chosen = routings[args.method]
-        write_atomic(args.output, traffic.routing_schedule(chosen, topology, matrix).to_json())
+        write_atomic(args.output, traffic.routing_schedule(chosen, topology, matrix).to_json(args.format))
         print(f"{'wrote':<12}{args.output} ({args.method})")
     return 0
 

@@ -1,12 +1,21 @@
-"""The schedule IR (contract 2 of the design, ``topocoll.schedule/1``; all-to-all as the README extends it).
+"""The schedule IR (contract 2 of the design, ``topocoll.schedule/1``; all-to-all and the compact
+``topocoll.schedule/2`` as the README extends it).
 
 A :class:`Schedule` names the collective, the topology nodes its ranks run on, how the buffer is
 cut into chunks, and a list of steps. Transfers inside one step run concurrently and read the
 values as they were before the step; ``REDUCE`` adds the sender's chunk into the receiver's,
 ``COPY`` overwrites it. ``path`` spells out the physical route through the topology.
 
-This module defines the records, their JSON form and :func:`load_schedule`, the one reader of
+This module defines the records, their two JSON forms and :func:`load_schedule`, the one reader of
 schedule files; :mod:`topocoll.solver.verify` checks that a schedule is correct.
+
+The compact form (``topocoll.schedule/2``) holds the same schedule without spelling out each
+transfer: every distinct path is written once, as node numbers (``0 .. N-1`` are the ranks,
+``N + i`` is ``nodes[i]``). A step is a list of runs ``{"op", "chunks"}`` of consecutive
+transfers with one op, and a run lists ``[chunk id, path number, ...]`` for each run of
+consecutive transfers of one chunk. A transfer's sender and receiver are its path's first and
+last node. A transfer then costs a path number (about six bytes) instead of a record (about a
+hundred). Both forms read back to equal :class:`Schedule` objects, transfer order included.
 """
 
 from __future__ import annotations
@@ -23,6 +32,10 @@ from topocoll import fileio
 from topocoll.errors import ScheduleError
 
 FORMAT = "topocoll.schedule/1"
+#: The compact form: paths written once, transfers grouped by chunk (see the module docstring).
+FORMAT_COMPACT = "topocoll.schedule/2"
+#: The format versions :meth:`Schedule.to_json` writes, by number.
+FORMAT_VERSIONS = {1: FORMAT, 2: FORMAT_COMPACT}
 
 
 class Collective(str, enum.Enum):
@@ -245,56 +258,101 @@ class Schedule:
         return sum(len(step) for step in self.steps)
 
     # ------------------------------------------------------------------------------ JSON
-    def to_json_dict(self) -> dict[str, Any]:
-        """Contract-2 JSON data."""
+    def to_json_dict(self, version: int = 1) -> dict[str, Any]:
+        """JSON data of contract 2: ``version`` 1 spells out every transfer, 2 is the compact form.
+
+        Raises
+        ------
+        ScheduleError
+            ``version`` is not one of :data:`FORMAT_VERSIONS`.
+        """
+        if version not in FORMAT_VERSIONS:
+            raise ScheduleError(f"schedule format version must be one of {sorted(FORMAT_VERSIONS)}, got {version!r}")
         data: dict[str, Any] = {
-            "format": FORMAT,
+            "format": FORMAT_VERSIONS[version],
             "collective": self.collective.value,
             "name": self.name,
             "ranks": list(self.ranks),
             "root": self.root,
             "topology_digest": self.topology_digest,
-            "chunks": [_chunk_json(c) for c in self.chunks],
-            "steps": [
-                [
-                    {"src": t.src, "dst": t.dst, "chunk": t.chunk, "op": t.op.value, "path": list(t.path)}
-                    for t in step
-                ]
-                for step in self.steps
-            ],
         }
+        if version == 1:
+            data["chunks"] = [_chunk_json(c) for c in self.chunks]
+            data["steps"] = [
+                [{"src": t.src, "dst": t.dst, "chunk": t.chunk, "op": t.op.value, "path": list(t.path)} for t in step]
+                for step in self.steps
+            ]
+        else:
+            data.update(self._compact_body())
         if self.matrix_bytes is not None:
             data["matrix_bytes"] = [list(row) for row in self.matrix_bytes]
         return data
 
-    def to_json(self) -> str:
-        """Canonical JSON text."""
-        return json.dumps(self.to_json_dict(), sort_keys=True, separators=(",", ":")) + "\n"
+    def _compact_body(self) -> dict[str, Any]:
+        """``nodes``, ``paths``, ``chunks`` and ``steps`` of the compact form."""
+        number = {node: i for i, node in enumerate(self.ranks)}
+        nodes: list[str] = []
+        paths: list[list[int]] = []
+        path_number: dict[tuple[str, ...], int] = {}
+        steps = []
+        for step in self.steps:
+            runs: list[dict[str, Any]] = []  # one per run of transfers with one op
+            run: dict[str, Any] = {}
+            group: list[int] = []  # [chunk, path number, ...] for a run of transfers of one chunk
+            for t in step:
+                p = path_number.get(t.path)
+                if p is None:
+                    p = path_number[t.path] = len(paths)
+                    for node in t.path:
+                        if node not in number:
+                            number[node] = len(number)
+                            nodes.append(node)
+                    paths.append([number[node] for node in t.path])
+                if not run or run["op"] != t.op.value:
+                    run = {"op": t.op.value, "chunks": []}
+                    runs.append(run)
+                    group = []
+                if not group or group[0] != t.chunk:
+                    group = [t.chunk]
+                    run["chunks"].append(group)
+                group.append(p)
+            steps.append(runs)
+        chunks = [[c.id, c.offset, c.size] + ([] if c.src is None else [c.src, c.dst]) for c in self.chunks]
+        return {"nodes": nodes, "paths": paths, "chunks": chunks, "steps": steps}
+
+    def to_json(self, version: int = 1) -> str:
+        """Canonical JSON text of format ``version`` (1, or 2 for the compact form)."""
+        return json.dumps(self.to_json_dict(version), sort_keys=True, separators=(",", ":")) + "\n"
 
     @classmethod
     def from_json_dict(cls, data: Any, source: str = "<schedule>") -> "Schedule":
-        """Parse contract-2 data; every error names ``source`` and the element."""
+        """Parse contract-2 data of either format; every error names ``source`` and the element."""
         if not isinstance(data, Mapping):
             raise ScheduleError(f"{source}: expected a JSON object")
-        if data.get("format") != FORMAT:
-            raise ScheduleError(f"{source}: format must be {FORMAT!r}, got {data.get('format')!r}")
+        fmt = data.get("format")
+        if fmt not in FORMAT_VERSIONS.values():
+            known = " or ".join(repr(f) for f in FORMAT_VERSIONS.values())
+            raise ScheduleError(f"{source}: format must be {known}, got {fmt!r} (written by a newer topocoll?)")
         try:
             collective = Collective.parse(data["collective"])
             ranks = tuple(_strings(data["ranks"], "ranks"))
             root = data.get("root")
             if root is not None and (isinstance(root, bool) or not isinstance(root, int)):
                 raise ScheduleError(f"root must be an integer, got {root!r}")
-            chunks = tuple(_chunk(c, f"chunks[{i}]") for i, c in enumerate(_list(data["chunks"], "chunks")))
+            if fmt == FORMAT:
+                chunks = tuple(_chunk(c, f"chunks[{i}]") for i, c in enumerate(_list(data["chunks"], "chunks")))
+                steps = tuple(
+                    tuple(_transfer(t, f"steps[{s}][{k}]") for k, t in enumerate(_list(step, f"steps[{s}]")))
+                    for s, step in enumerate(_list(data["steps"], "steps"))
+                )
+            else:
+                chunks, steps = _compact_chunks(data["chunks"]), _compact_steps(data, ranks)
             matrix = data.get("matrix_bytes")
             if matrix is not None:
                 matrix = tuple(
                     tuple(_num(v, f"matrix_bytes[{i}][{j}]") for j, v in enumerate(_list(row, f"matrix_bytes[{i}]")))
                     for i, row in enumerate(_list(matrix, "matrix_bytes"))
                 )
-            steps = tuple(
-                tuple(_transfer(t, f"steps[{s}][{k}]") for k, t in enumerate(_list(step, f"steps[{s}]")))
-                for s, step in enumerate(_list(data["steps"], "steps"))
-            )
             return cls(
                 collective=collective,
                 ranks=ranks,
@@ -312,7 +370,7 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<schedule>") -> "Schedule":
-        """Parse contract-2 JSON text.
+        """Parse contract-2 JSON text of either format.
 
         Raises
         ------
@@ -425,3 +483,53 @@ def _transfer(entry: Any, where: str) -> Transfer:
         )
     except ScheduleError as exc:
         raise ScheduleError(f"{where}: {exc}") from None
+
+
+def _compact_chunks(value: Any) -> tuple[Chunk, ...]:
+    """``chunks`` of the compact form: ``[id, offset, size]``, or ``[id, offset, size, src, dst]``."""
+    chunks = []
+    for i, entry in enumerate(_list(value, "chunks")):
+        where = f"chunks[{i}]"
+        if not isinstance(entry, list) or len(entry) not in (3, 5):
+            raise ScheduleError(f"{where} must be [id, offset, size] or [id, offset, size, src, dst]")
+        pair = [_int(v, f"{where}[{k}]") for k, v in enumerate(entry[3:], start=3)] or [None, None]
+        chunks.append(Chunk(_int(entry[0], f"{where}[0]"), _num(entry[1], f"{where}[1]"), _num(entry[2], f"{where}[2]"), *pair))
+    return tuple(chunks)
+
+
+def _compact_steps(data: Mapping, ranks: tuple[str, ...]) -> tuple[tuple[Transfer, ...], ...]:
+    """``steps`` of the compact form, its paths looked up in ``paths`` and ``nodes``."""
+    n = len(ranks)
+    names = list(ranks) + _strings(data["nodes"], "nodes")
+    if len(set(names)) != len(names):
+        raise ScheduleError("nodes must be distinct and differ from the ranks' nodes")
+    ends: list[tuple[int, int, tuple[str, ...]]] = []  # per path: sender, receiver, node names
+    for p, path in enumerate(_list(data["paths"], "paths")):
+        numbers = [_int(v, f"paths[{p}][{k}]") for k, v in enumerate(_list(path, f"paths[{p}]"))]
+        if len(numbers) < 2 or not all(0 <= v < len(names) for v in numbers):
+            raise ScheduleError(f"paths[{p}] must list at least two node numbers in 0..{len(names) - 1}")
+        if not (numbers[0] < n and numbers[-1] < n) or numbers[0] == numbers[-1]:
+            raise ScheduleError(f"paths[{p}] must run between two different ranks (node numbers below {n})")
+        ends.append((numbers[0], numbers[-1], tuple(names[v] for v in numbers)))
+    ops = {op.value: op for op in Op}
+    steps = []
+    for s, step in enumerate(_list(data["steps"], "steps")):
+        transfers = []
+        for r, run in enumerate(_list(step, f"steps[{s}]")):
+            where = f"steps[{s}][{r}]"
+            if not isinstance(run, Mapping):
+                raise ScheduleError(f"{where} must be an object")
+            op = ops.get(run["op"])
+            if op is None:
+                raise ScheduleError(f"{where}.op must be 'copy' or 'reduce', got {run['op']!r}")
+            for g, group in enumerate(_list(run["chunks"], f"{where}.chunks")):
+                if not isinstance(group, list) or len(group) < 2:
+                    raise ScheduleError(f"{where}.chunks[{g}] must be [chunk id, path number, ...]")
+                chunk = _int(group[0], f"{where}.chunks[{g}][0]")
+                numbers = group[1:]
+                if set(map(type, numbers)) != {int} or min(numbers) < 0 or max(numbers) >= len(ends):
+                    k, p = next((k, p) for k, p in enumerate(numbers, 1) if type(p) is not int or not 0 <= p < len(ends))
+                    raise ScheduleError(f"{where}.chunks[{g}][{k}] must be a path number in 0..{len(ends) - 1}, got {p!r}")
+                transfers += [Transfer(src, dst, chunk, op, path) for src, dst, path in map(ends.__getitem__, numbers)]
+        steps.append(tuple(transfers))
+    return tuple(steps)

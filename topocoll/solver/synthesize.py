@@ -71,13 +71,6 @@ class SynthesisOptions:
             raise SolverError(f"time limit must be > 0 s, got {self.time_limit_s}")
 
 
-def _is_symmetric(topology: Topology) -> bool:
-    """Every link has a reverse twin of equal bandwidth (full duplex)."""
-    return all(
-        topology.has_link(l.dst, l.src) and topology.capacity(l.dst, l.src) == l.bw_bytes_per_s for l in topology.links
-    )
-
-
 def pack_for(
     topology: Topology, collective: Collective, ranks: Sequence[str], root: int | None, bound: Bound, options: SynthesisOptions
 ) -> tuple[Packing, Packing]:
@@ -113,7 +106,7 @@ def pack_for(
     gather = pack(reverse=False) if needs_gather else None
     scatter = None
     if needs_scatter:
-        if gather is not None and _is_symmetric(topology):
+        if gather is not None and topology.is_symmetric():
             scatter = _reverse_packing(gather)
         else:
             if collective is Collective.ALLREDUCE:

@@ -57,7 +57,7 @@ from types import MappingProxyType
 from topocoll.errors import ScheduleError
 from topocoll.solver.alpha_beta import alpha_beta_time_s as _alpha_beta_time_s
 from topocoll.solver.alpha_beta import resolve_path
-from topocoll.solver.schedule import Collective, Op, Schedule
+from topocoll.solver.schedule import Collective, Op, Schedule, Transfer
 from topocoll.topo.model import Topology
 
 log = logging.getLogger(__name__)
@@ -231,37 +231,30 @@ def verify(
     fraction = [fractions[c.id] for c in chunks]
 
     # ---------------------------------------------------------------- paths and load
+    # A Schedule's paths already run between its ranks' nodes (Schedule checks that); here each
+    # distinct path is resolved against the topology once, weighted by the chunks it carries.
+    weight: dict[tuple[str, ...], float] = {}
+    for step in schedule.steps:
+        for t in step:
+            weight[t.path] = weight.get(t.path, 0.0) + fraction[index[t.chunk]]
     link_ids: dict[tuple[str, str], int] = {}
     link_keys: list[tuple[str, str]] = []
-    resolved: dict[tuple[str, ...], tuple[int, ...] | str] = {}
     load: list[float] = []
-    paths_ok = True
-    ranks = schedule.ranks
-    for s, step in enumerate(schedule.steps):
-        for k, t in enumerate(step):
-            if t.path[0] != ranks[t.src] or t.path[-1] != ranks[t.dst]:
-                paths_ok = False
-                errors.add(
-                    f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk}): path {'-'.join(t.path)} "
-                    f"does not run from {ranks[t.src]} to {ranks[t.dst]}"
-                )
-                continue
-            entry = resolved.get(t.path)
-            if entry is None:
-                try:
-                    hops, _latency_s = resolve_path(topology, t.path)
-                except ScheduleError as exc:
-                    entry = str(exc)  # remembered: the same bad path is reported each time
-                else:
-                    entry = tuple(_link_id(hop, link_ids, link_keys, load) for hop in hops)
-                resolved[t.path] = entry
-            if isinstance(entry, str):
-                paths_ok = False
-                errors.add(f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk}): path {'-'.join(t.path)}: {entry}")
-                continue
-            f = fraction[index[t.chunk]]
-            for i in entry:
-                load[i] += f
+    bad_paths: dict[tuple[str, ...], str] = {}
+    for path, carried in weight.items():
+        try:
+            hops, _latency_s = resolve_path(topology, path)
+        except ScheduleError as exc:
+            bad_paths[path] = str(exc)
+            continue
+        for hop in hops:
+            load[_link_id(hop, link_ids, link_keys, load)] += carried
+    paths_ok = not bad_paths
+    if bad_paths:  # name every transfer that takes a bad path
+        for s, step in enumerate(schedule.steps):
+            for k, t in enumerate(step):
+                if t.path in bad_paths:
+                    errors.add(f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk}): path {'-'.join(t.path)}: {bad_paths[t.path]}")
 
     # ------------------------------------------------------------------ replay
     if schedule.collective.is_routed:
@@ -349,19 +342,21 @@ def _replay(schedule: Schedule, chunks: list, index: dict[int, int], errors: _Er
         for k, t in enumerate(step):
             ci = index[t.chunk]
             mask = state[t.src][ci]
-            where = f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk})"
             if not mask:
-                errors.add(f"{where}: rank {t.src} sends chunk {t.chunk} but holds nothing for it")
+                errors.add(f"{_where(s, k, t)}: rank {t.src} sends chunk {t.chunk} but holds nothing for it")
                 continue
             key = (t.dst, ci)
             w = writes.get(key)
             if w is None:
                 writes[key] = [t.op, mask, k]
             elif t.op is copy or w[0] is copy:
-                errors.add(f"{where}: rank {t.dst} chunk {t.chunk} is also written by transfer {w[2]} of this step and one of them is a copy")
+                errors.add(
+                    f"{_where(s, k, t)}: rank {t.dst} chunk {t.chunk} is also written by transfer {w[2]} of this step "
+                    "and one of them is a copy"
+                )
             elif w[1] & mask:
                 errors.add(
-                    f"{where}: reduce into rank {t.dst} chunk {t.chunk} adds contributions of ranks "
+                    f"{_where(s, k, t)}: reduce into rank {t.dst} chunk {t.chunk} adds contributions of ranks "
                     f"{_ranks(w[1] & mask)} that transfer {w[2]} of this step also adds"
                 )
             else:
@@ -372,13 +367,17 @@ def _replay(schedule: Schedule, chunks: list, index: dict[int, int], errors: _Er
                 continue
             old = state[dst][ci]
             if old & mask:
-                t = step[k]
                 errors.add(
-                    f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk}): reduce counts the contributions of "
+                    f"{_where(s, k, step[k])}: reduce counts the contributions of "
                     f"ranks {_ranks(old & mask)} twice at rank {dst}"
                 )
             state[dst][ci] = old | mask
     _check_post(schedule, chunks, state, errors)
+
+
+def _where(s: int, k: int, t: Transfer) -> str:
+    """How an error names transfer ``k`` of step ``s``."""
+    return f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk})"
 
 
 def _replay_alltoall(schedule: Schedule, chunks: list, index: dict[int, int], errors: _Errors) -> None:

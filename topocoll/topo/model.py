@@ -336,6 +336,11 @@ class Topology:
         """Bandwidth of the link ``src -> dst`` in bytes per second."""
         return self.link(src, dst).bw_bytes_per_s
 
+    def is_symmetric(self) -> bool:
+        """Every link has a reverse twin of equal bandwidth (full duplex): the reversed graph
+        is the same graph, so whatever holds for data flowing one way holds the other way."""
+        return all(self.has_link(l.dst, l.src) and self.capacity(l.dst, l.src) == l.bw_bytes_per_s for l in self.links)
+
     def path_bw_bytes_per_s(self, path: Iterable[str]) -> float:
         """Bandwidth of a route: the minimum over its links."""
         hops = list(path)
