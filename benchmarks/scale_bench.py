@@ -12,7 +12,10 @@ the child builds the cluster, plans an allreduce at 1 GiB (:func:`plan_collectiv
 - ``plan_s`` and ``peak_mb``: the planner's time (packing, layouts, baselines, verification,
   prediction) and the process's peak memory;
 - ``chosen`` and ``pct``: the plan's choice and its bandwidth time's % of the cut bound;
-- ``transfers`` and ``json_mb``: the chosen schedule's size, as a contract-2 file;
+- ``transfers``, ``json_mb`` and ``compact_mb``: the chosen schedule's size, as a file of format 1
+  (every transfer spelt out) and of the compact format 2;
+- ``verify_s``: reading the compact file's text and verifying it (what ``topocoll verify``
+  spends beyond starting up, loading the topology and computing the bound);
 - ``busbw``: predicted busbw at 1 GiB of the chosen schedule and of every other candidate the
   planner built (the model the plan used: the event simulator where affordable, else α-β).
 
@@ -42,7 +45,8 @@ def run_case(network: str, nodes: int) -> dict:
     """One case in this process (the ``--worker`` side)."""
     from topocoll.solver.metrics import bus_factor
     from topocoll.solver.planner import plan_collective
-    from topocoll.solver.schedule import Collective
+    from topocoll.solver.schedule import Collective, Schedule
+    from topocoll.solver.verify import verify
     from topocoll.topo.cluster import make_cluster
 
     kwargs = dict(NETWORKS)[network]
@@ -53,15 +57,23 @@ def run_case(network: str, nodes: int) -> dict:
     n = len(plan.schedule.ranks)
     factor = bus_factor(Collective.ALLREDUCE, n)
     busbw = {c.name: SIZE_BYTES / c.predicted_time_s * factor / 1e9 for c in plan.candidates}
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    compact = plan.schedule.to_json(2)
+    started = time.perf_counter()
+    checked = verify(Schedule.from_json(compact), topology, size_bytes=SIZE_BYTES)
+    verify_s = time.perf_counter() - started
+    checked.raise_if_failed()
     return {
         "network": network,
         "gpus": n,
         "plan_s": plan_s,
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mb": peak_mb,
         "chosen": plan.chosen.name,
         "pct": 100 * plan.ratio_to_bound,
         "transfers": plan.schedule.transfer_count(),
         "json_mb": len(plan.schedule.to_json()) / 1e6,
+        "compact_mb": len(compact) / 1e6,
+        "verify_s": verify_s,
         "model": plan.model,
         "bound_busbw": SIZE_BYTES / plan.bound.time_s(SIZE_BYTES) * factor / 1e9,
         "busbw": busbw,
@@ -78,17 +90,17 @@ def markdown(rows: list[dict], command: str) -> str:
         f"Allreduce planned at {SIZE_BYTES >> 30} GiB; % = cut bound / the chosen schedule's bandwidth time; "
         "busbw predicted at that size by the plan's model (GB/s, nccl-tests' definition).",
         "",
-        "| network | GPUs | plan s | peak MB | chosen | % of bound | transfers | JSON MB | model | bound busbw | chosen busbw | other candidates' busbw |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| network | GPUs | plan s | peak MB | chosen | % of bound | transfers | JSON MB (format 1) | compact MB (format 2) | read + verify s | model | bound busbw | chosen busbw | other candidates' busbw |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['network']} | {r['gpus']} | | | {r['error']} | | | | | | | |")
+            lines.append(f"| {r['network']} | {r['gpus']} | | | {r['error']} | | | | | | | | | |")
             continue
         others = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["busbw"].items(), key=lambda kv: -kv[1]) if k != r["chosen"])
         lines.append(
             f"| {r['network']} | {r['gpus']} | {r['plan_s']:.1f} | {r['peak_mb']:.0f} | {r['chosen']} | {r['pct']:.2f} | "
-            f"{r['transfers']} | {r['json_mb']:.1f} | {r['model']} | {r['bound_busbw']:.1f} | {r['busbw'][r['chosen']]:.1f} | {others} |"
+            f"{r['transfers']} | {r['json_mb']:.1f} | {r['compact_mb']:.1f} | {r['verify_s']:.1f} | {r['model']} | {r['bound_busbw']:.1f} | {r['busbw'][r['chosen']]:.1f} | {others} |"
         )
     return "\n".join(lines) + "\n"
 

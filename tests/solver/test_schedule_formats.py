@@ -207,3 +207,26 @@ def test_synthesize_refuses_an_unknown_format(capsys, tmp_path):
     assert info.value.code == 2
     assert "invalid choice: 3" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_reading_pauses_the_cycle_collector_and_restores_it(monkeypatch):
+    import gc
+
+    seen = []
+    real_make = Schedule._from_json_dict.__func__
+
+    def spy(cls, data, source):
+        seen.append(gc.isenabled())
+        return real_make(cls, data, source)
+
+    monkeypatch.setattr(Schedule, "_from_json_dict", classmethod(spy))
+    text = SCHEDULES["ring-reduce-scatter"].to_json(2)
+    assert gc.isenabled()
+    Schedule.from_json(text)
+    gc.disable()
+    try:
+        Schedule.from_json(text)
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
+    assert seen == [False, False] and gc.isenabled()

@@ -57,7 +57,7 @@ from types import MappingProxyType
 from topocoll.errors import ScheduleError
 from topocoll.solver.alpha_beta import alpha_beta_time_s as _alpha_beta_time_s
 from topocoll.solver.alpha_beta import resolve_path
-from topocoll.solver.schedule import Collective, Op, Schedule, Transfer
+from topocoll.solver.schedule import Collective, Op, Schedule, Transfer, without_cycle_collection
 from topocoll.topo.model import Topology
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,14 @@ def verify(
     topocoll.solver.bound.cut_bound : the limit a verified schedule is measured against.
     topocoll.collectives.lower.lower : what runs a verified schedule.
     """
+    with without_cycle_collection():  # the replay builds a container per transfer
+        return _verify(schedule, topology, size_bytes, per_message_overhead_s, max_errors)
+
+
+def _verify(
+    schedule: Schedule, topology: Topology, size_bytes: float | None, per_message_overhead_s: float, max_errors: int
+) -> Verification:
+    """:func:`verify` with the cycle collector paused."""
     errors = _Errors(max_errors)
     graph = topology.graph
 
