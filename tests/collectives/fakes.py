@@ -3,8 +3,9 @@
 It behaves like gloo's point-to-point ops for what the executor relies on, and no better: a send
 reads the sender's buffer only when the receiver takes the message (so a rank that overwrote a
 range it is still sending would corrupt it), its ``wait()`` returns once the message was taken,
-and ``wait()`` raises after a timeout. Rank ``r`` takes its messages ``r`` x 20 ms late, which
-makes such a corruption show.
+and ``wait()`` raises after a timeout. As in gloo, whose I/O threads receive into posted buffers,
+a posted receive takes its message in the background, whether or not its rank calls ``wait()``
+yet. Rank ``r`` takes its messages ``r`` x 20 ms late, which makes a corruption show.
 """
 
 from __future__ import annotations
@@ -26,14 +27,30 @@ class _SendWork:
 class _RecvWork:
     def __init__(self, box, key, target, delay_s):
         self._box, self._key, self._target, self._delay_s = box, key, target, delay_s
+        self._error = None
+        self._thread = threading.Thread(target=self._take, daemon=True)
+        self._thread.start()
+
+    def _take(self):
+        try:
+            source, taken = self._box.take(self._key, 5.0)
+            time.sleep(self._delay_s)
+            if source.numel() != self._target.numel():
+                raise RuntimeError(f"message {self._key} has {source.numel()} elements, expected {self._target.numel()}")
+            self._target.copy_(source)  # reads the sender's buffer now, not when it was sent
+            taken.set()
+        except RuntimeError as exc:
+            self._error = exc
+
+    def is_completed(self):
+        return not self._thread.is_alive()
 
     def wait(self, timeout=None):
-        source, taken = self._box.take(self._key, timeout.total_seconds() if timeout else 5.0)
-        time.sleep(self._delay_s)
-        if source.numel() != self._target.numel():
-            raise RuntimeError(f"message {self._key} has {source.numel()} elements, expected {self._target.numel()}")
-        self._target.copy_(source)  # reads the sender's buffer now, not when it was sent
-        taken.set()
+        self._thread.join(timeout.total_seconds() if timeout else 5.0)
+        if self._thread.is_alive():
+            raise RuntimeError(f"timed out waiting for message {self._key}")
+        if self._error is not None:
+            raise self._error
         return True
 
 

@@ -56,6 +56,11 @@ class TopoOptions:
         Run collectives on CPU tensors on the group's communication thread, so that
         ``async_op=True`` returns at once and ``wait()`` blocks (default); False runs each
         before it returns.
+    dataflow : bool or None
+        Run schedules on CPU tensors in data-flow order, each message posted once the data it
+        needs arrived (:mod:`topocoll.collectives.dataflow`), wherever ranks reach each other
+        through gloo (ranks sharing a host's memory run in lock step); False: in lock step
+        everywhere. None (default): data-flow unless ``$TOPOCOLL_DATAFLOW`` is ``0``.
     """
 
     topology: Topology | None = None
@@ -64,6 +69,11 @@ class TopoOptions:
     shared_memory: bool = True
     probe: bool | None = None
     background: bool = True
+    dataflow: bool | None = None
+
+
+#: ``TOPOCOLL_DATAFLOW=0`` runs CPU schedules in lock step (to compare, or to rule data-flow out).
+DATAFLOW_ENV = "TOPOCOLL_DATAFLOW"
 
 
 def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
@@ -90,6 +100,7 @@ def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
         shared_memory=extra.shared_memory,
         probe=extra.probe,
         background=extra.background,
+        dataflow=extra.dataflow if extra.dataflow is not None else os.environ.get(DATAFLOW_ENV, "1").strip().lower() not in ("0", "false", "no"),
         settings=TopologySettings.from_env(os.environ),
     )
 

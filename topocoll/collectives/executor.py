@@ -1,12 +1,20 @@
 """The executor: runs a :class:`~topocoll.collectives.lower.RankProgram` on a flat tensor.
 
 Messages travel through point-to-point ``send`` / ``recv`` of an inner torch.distributed
-backend (gloo for CPU tensors, NCCL for CUDA tensors). For every step the executor posts all
-receives, then all sends, waits for all of them, and only then applies the receives that landed
-in scratch space and may not be applied early (contract 2: transfers of a step read the values
-from before it); isolated receives are reduced as soon as they arrive, overlapping the
-reduction with the messages still in flight. Reductions are single in-place torch calls per
-message; there is no Python work per element.
+backend (gloo for CPU tensors, NCCL for CUDA tensors).
+
+CPU tensors run in data-flow order (:mod:`topocoll.collectives.dataflow`) wherever the transport
+progresses a posted receive on its own (gloo, and the shared-memory transport when no peer
+shares memory, as between machines; ranks of one host run in lock step): messages are posted
+in program order, each once the messages it depends on (the writes of the elements it reads or
+writes, the sends still reading what it overwrites) are done, so a rank forwards a chunk as soon
+as it arrived instead of after the slowest message of the step. Receives that land in scratch
+space are applied when a later message needs them, when they arrived while the rank posts, or
+at the end; those that may not be applied early (contract 2: transfers of a step read the
+values from before it) wait for the step's sends of their range. ``dataflow=False`` runs the
+same programs in lock step: all receives of a step, then all sends, wait for all of them,
+then the next step. Reductions are single in-place torch calls per message; there is no Python
+work per element.
 
 A transport may offer two optional hooks, which :class:`~topocoll.collectives.shm.ShmTransport`
 does: ``begin_program(messages)`` (called before a program runs, to size staging space; the
@@ -24,6 +32,7 @@ and reused across calls.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 from collections.abc import Callable, Sequence
@@ -33,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from topocoll.collectives.dataflow import DataflowPlan, Event, dataflow_plan
 from topocoll.collectives.failure import NO_RANK, Failure, FailedError, FailureKind, first_line
 from topocoll.collectives.lower import ProgramStep, RankProgram, Recv
 from topocoll.errors import CollectiveError
@@ -41,6 +51,10 @@ from topocoll.solver.schedule import Collective, Op
 __all__ = ["Reduction", "Executor", "combine", "check_reduction"]
 
 logger = logging.getLogger(__name__)
+
+#: Data-flow plans an executor keeps: the programs of the collectives a training step repeats (a
+#: rank's schedule source keeps up to 256 programs, most of them run rarely).
+PLAN_CACHE_ENTRIES = 32
 
 
 class Reduction(str, enum.Enum):
@@ -126,6 +140,9 @@ class Executor:
         NICs); channel 0 is ``transport``. Only the ungrouped (gloo) path uses them.
     native : torch.distributed backend, optional
         The inner backend whose own collectives :meth:`run_native` calls.
+    dataflow : bool
+        Run CPU programs in data-flow order (default) rather than in lock step, where the
+        transport allows (its ``progresses_alone``, True when it has no such attribute).
     """
 
     def __init__(
@@ -137,15 +154,32 @@ class Executor:
         grouped: bool | None = None,
         channels: Sequence[Any] = (),
         native: Any = None,
+        dataflow: bool = True,
     ) -> None:
         self._native = native
+        self._dataflow = dataflow
         self._transport = transport
         self._channels = (transport, *channels)
         self._grouped = grouped
         self._rank = rank
         self._timeout = timeout
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        # data-flow plans of the programs run last, by identity (programs come from a cache)
+        self._plans: collections.OrderedDict[int, tuple[RankProgram, DataflowPlan]] = collections.OrderedDict()
         self._sequence = 0  # of the program running (for failures)
+
+    def _dataflow_plan(self, program: RankProgram) -> DataflowPlan:
+        """:func:`dataflow_plan` of ``program``, kept for the next run of the same program (it
+        costs about 5 us per message, as much as a small collective)."""
+        entry = self._plans.get(id(program))
+        if entry is not None and entry[0] is program:
+            self._plans.move_to_end(id(program))
+            return entry[1]
+        plan = dataflow_plan(program)
+        self._plans[id(program)] = (program, plan)
+        while len(self._plans) > PLAN_CACHE_ENTRIES:
+            self._plans.popitem(last=False)
+        return plan
 
     def scratch(self, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
         """A reusable flat scratch tensor of at least ``numel`` elements."""
@@ -185,7 +219,12 @@ class Executor:
                 f"rank {self._rank}: executor needs a flat contiguous buffer of {program.count} elements, "
                 f"got shape {tuple(buffer.shape)}"
             )
-        scratch = self.scratch(buffer.dtype, buffer.device, program.scratch_elements)
+        grouped = buffer.device.type != "cpu" if self._grouped is None else self._grouped
+        # data-flow order waits for one message while others are under way: only where posted
+        # receives progress without their wait() (gloo; not a shared-memory transport)
+        dataflow = self._dataflow and not grouped and getattr(self._transport, "progresses_alone", True)
+        plan = self._dataflow_plan(program) if dataflow else None
+        scratch = self.scratch(buffer.dtype, buffer.device, program.scratch_elements if plan is None else plan.scratch_elements)
         if reduction is None and any(r.op is Op.REDUCE for step in program.steps for r in step.recvs):
             raise CollectiveError(f"rank {self._rank}: {program.collective.value} program reduces but no reduction op was given")
         if any(m.channel >= len(self._channels) for step in program.steps for m in (*step.sends, *step.recvs)):
@@ -204,8 +243,10 @@ class Executor:
                 )
             except OSError as exc:
                 raise CollectiveError(f"rank {self._rank}: cannot stage {program.collective.value} data: {exc}") from exc
-        grouped = buffer.device.type != "cpu" if self._grouped is None else self._grouped
         self._sequence = sequence or 0
+        if plan is not None:
+            self._run_dataflow(plan, buffer, scratch, reduction, program.collective.value)
+            return
         for index, step in enumerate(program.steps):
             if grouped:
                 self._run_step_grouped(index, step, buffer, scratch, reduction)
@@ -298,6 +339,89 @@ class Executor:
             raise CollectiveError(f"rank {self._rank}: step {index} of {collective} failed: {exc}") from exc
         for recv, landing in deferred:
             self._apply(recv, landing, buffer, reduction)
+
+    def _run_dataflow(
+        self, plan: DataflowPlan, buffer: torch.Tensor, scratch: torch.Tensor, reduction: Reduction | None, collective: str
+    ) -> None:
+        """Post ``plan``'s messages in order, each once what it depends on happened; then apply
+        and complete the rest. Gloo and the shared-memory transport progress messages on their
+        own threads, so waiting here for one message never holds up another."""
+        messages = plan.messages
+        works: list[Any] = [None] * len(messages)
+        landings: list[torch.Tensor | None] = [None] * len(messages)
+        happened: set[tuple[Event, int]] = set()
+        pending: list[int] = []  # receives into scratch not applied yet, in posting order
+        recv_apply = getattr(self._transport, "recv_apply", None)
+
+        def complete(m: int) -> None:
+            message = messages[m]
+            what = f"receive from rank {message.recv.peer}" if message.recv is not None else f"send to rank {message.send.peer}"
+            peer = message.recv.peer if message.recv is not None else message.send.peer
+            self._wait(works[m], what, message.step, peer)
+            happened.add((Event.DONE, m))
+            if message.recv is not None and landings[m] is None:  # landed in the buffer (or was applied there)
+                happened.add((Event.APPLIED, m))
+
+        def satisfy(needed: tuple[tuple[Event, int], ...]) -> None:
+            # depth first, iteratively: an application may need earlier ones (long chains of
+            # reductions into one range would overflow Python's recursion)
+            stack = [(event, False) for event in reversed(needed)]
+            while stack:
+                (kind, m), ready = stack.pop()
+                if (kind, m) in happened:
+                    continue
+                if kind is Event.DONE or landings[m] is None:
+                    complete(m)
+                elif not ready:
+                    stack.append(((kind, m), True))
+                    stack.extend((event, False) for event in reversed(messages[m].apply_after))
+                else:
+                    self._apply(messages[m].recv, landings[m], buffer, reduction)
+                    happened.add((Event.APPLIED, m))
+
+        def apply_arrived() -> None:
+            """Apply, without waiting, the receives that arrived and whose turn it is."""
+            for m in pending:
+                if (Event.APPLIED, m) in happened:
+                    continue
+                done = getattr(works[m], "is_completed", None)
+                if done is None or not done():
+                    return  # in order: a later one may depend on this one
+                if any(e not in happened and not (e == (Event.DONE, m)) for e in messages[m].apply_after):
+                    return
+                happened.add((Event.DONE, m))
+                self._apply(messages[m].recv, landings[m], buffer, reduction)
+                happened.add((Event.APPLIED, m))
+
+        try:
+            step = -1
+            for m, message in enumerate(messages):
+                if message.step != step:
+                    step = message.step
+                    apply_arrived()
+                    pending = [p for p in pending if (Event.APPLIED, p) not in happened]
+                satisfy(message.post_after)
+                recv, send = message.recv, message.send
+                if send is not None:
+                    works[m] = self._channels[send.channel].send([buffer[send.start : send.stop]], send.peer, send.tag)
+                    continue
+                if recv_apply is not None and recv.channel == 0 and recv.op is Op.REDUCE and not recv.after_step and reduction is not None:
+                    work = recv_apply(buffer[recv.start : recv.stop], recv.peer, recv.tag, self._combiner(reduction))
+                    if work is not None:  # the transport reduces where the data lies
+                        works[m] = work
+                        continue
+                if message.scratch_start is None:
+                    works[m] = self._channels[recv.channel].recv([buffer[recv.start : recv.stop]], recv.peer, recv.tag)
+                else:
+                    landings[m] = scratch[message.scratch_start : message.scratch_start + recv.numel]
+                    works[m] = self._channels[recv.channel].recv([landings[m]], recv.peer, recv.tag)
+                    pending.append(m)
+            for m, message in enumerate(messages):
+                satisfy(((Event.APPLIED if message.recv is not None else Event.DONE, m),))
+        except RuntimeError as exc:
+            if isinstance(exc, CollectiveError):
+                raise
+            raise CollectiveError(f"rank {self._rank}: step {messages[m].step} of {collective} failed: {exc}") from exc
 
     def _run_step_grouped(
         self, index: int, step: ProgramStep, buffer: torch.Tensor, scratch: torch.Tensor, reduction: Reduction | None

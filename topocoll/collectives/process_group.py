@@ -101,6 +101,8 @@ class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, Inne
         Largest message in bytes; longer ones are cut so that reductions overlap transfers.
     shared_memory : bool
         Move CPU data between ranks of one host through shared memory (default True).
+    dataflow : bool
+        Run CPU schedules in data-flow order (default True), not in lock step.
 
     Raises
     ------
@@ -123,9 +125,11 @@ class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, Inne
         shared_memory: bool = True,
         probe: bool | None = None,
         background: bool = True,
+        dataflow: bool = True,
         settings: TopologySettings | None = None,
     ) -> None:
         super().__init__(rank, size)
+        self._dataflow = dataflow
         self._group_rank = rank
         self._group_size = size
         self._timeout = timeout
@@ -216,7 +220,9 @@ class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, Inne
             self._shm = ShmTransport(self._cpu_sched, rank, size, dist.PrefixStore("topocoll/shm", store), timeout)
             weakref.finalize(self, self._shm.close)
         self._rail_groups = self._connect_rails(store, rank, size, timeout)
-        self._cpu_executor = Executor(self._shm or self._cpu_sched, rank, timeout, channels=self._rail_groups, native=self._cpu_sched)
+        self._cpu_executor = Executor(
+            self._shm or self._cpu_sched, rank, timeout, channels=self._rail_groups, native=self._cpu_sched, dataflow=self._dataflow
+        )
         self._cuda_connect = (store, rank, size, timeout)  # NCCL groups: on the first CUDA tensor
 
     def _connect_rails(self, store: Any, rank: int, size: int, timeout: timedelta) -> list[Any]:

@@ -457,6 +457,14 @@ class ShmTransport:
             os.unlink(probe)
         return frozenset(mutual)
 
+    @property
+    def progresses_alone(self) -> bool:
+        """Whether every posted receive takes its data without ``wait()`` being called, as gloo's
+        do (data-flow order relies on it): only when no peer shares memory with this rank. A
+        shared-memory receive copies its data in ``wait()``, and one whose sender had no room
+        posts its gloo receive only then, so a sender waiting for that send could wait forever."""
+        return not self.peers
+
     # ------------------------------------------------------------------ sending
     def begin_program(self, messages: list[tuple[int, int]], incoming: list[int] | None = None, sequence: int | None = None) -> None:
         """Make each peer's arena hold every message of the coming program and start at offset 0.
