@@ -180,7 +180,7 @@ def reduce_scatter_case(checker, shard_inputs, n, topo, gloo, where) -> None:
 def other_schedules(checker: Checker, rank: int, n: int, gloo) -> None:
     """The same operations over schedules of other shapes: the solver costed with NCCL's step
     overhead (deeper LP schedules), hand-written pipelined rings and chains, direct exchange; and
-    the planner's schedules run in lock step."""
+    the planner's schedules in data-flow order."""
     from topocoll.solver import plan
 
     def lp_nccl(topology, collective, ranks, root, size_bytes):
@@ -197,7 +197,7 @@ def other_schedules(checker: Checker, rank: int, n: int, gloo) -> None:
         ("direct", TopoOptions(planner=hand_direct)),
         ("plan over gloo", TopoOptions(shared_memory=False)),
         ("hand over gloo", TopoOptions(planner=hand_planner, shared_memory=False)),
-        ("lock step", TopoOptions(dataflow=False)),  # every other variant runs in data-flow order
+        ("data-flow over gloo", TopoOptions(dataflow=True, shared_memory=False)),
     )
     for name, options in variants:
         group = dist.new_group(backend="topo", pg_options=options)

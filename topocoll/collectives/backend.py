@@ -59,8 +59,9 @@ class TopoOptions:
     dataflow : bool or None
         Run schedules on CPU tensors in data-flow order, each message posted once the data it
         needs arrived (:mod:`topocoll.collectives.dataflow`), wherever ranks reach each other
-        through gloo (ranks sharing a host's memory run in lock step); False: in lock step
-        everywhere. None (default): data-flow unless ``$TOPOCOLL_DATAFLOW`` is ``0``.
+        through gloo (ranks sharing a host's memory stay in lock step); False: in lock step,
+        step after step. None (default): as ``$TOPOCOLL_DATAFLOW`` says (``1``: data-flow),
+        else lock step.
     """
 
     topology: Topology | None = None
@@ -72,7 +73,7 @@ class TopoOptions:
     dataflow: bool | None = None
 
 
-#: ``TOPOCOLL_DATAFLOW=0`` runs CPU schedules in lock step (to compare, or to rule data-flow out).
+#: ``TOPOCOLL_DATAFLOW=1`` runs CPU schedules in data-flow order (see :class:`TopoOptions`).
 DATAFLOW_ENV = "TOPOCOLL_DATAFLOW"
 
 
@@ -100,7 +101,7 @@ def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
         shared_memory=extra.shared_memory,
         probe=extra.probe,
         background=extra.background,
-        dataflow=extra.dataflow if extra.dataflow is not None else os.environ.get(DATAFLOW_ENV, "1").strip().lower() not in ("0", "false", "no"),
+        dataflow=extra.dataflow if extra.dataflow is not None else os.environ.get(DATAFLOW_ENV, "").strip().lower() in ("1", "true", "yes"),
         settings=TopologySettings.from_env(os.environ),
     )
 

@@ -24,7 +24,12 @@ range completed, as in lock step.
 
 Messages are posted in program order; a rank only ever waits for messages of earlier steps
 before posting, so if every rank posts all messages of the steps before k, all of step k gets
-posted: no deadlock that lock step would not also have.
+posted: no deadlock that lock step would not also have, given a transport whose posted receives
+take their data without being waited for (gloo's do).
+
+Measured: on the emulated ``two-racks`` cluster (allreduce, an LP schedule of 21 steps, 16-64
+MiB, two runs each) data-flow order ran at 70.7-79.8 % of the cut bound and lock step at
+73.9-75.9 %: no gain there, which is why the executor runs it only on request.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, Inne
     shared_memory : bool
         Move CPU data between ranks of one host through shared memory (default True).
     dataflow : bool
-        Run CPU schedules in data-flow order (default True), not in lock step.
+        Run CPU schedules in data-flow order, not in lock step (default False).
 
     Raises
     ------
@@ -125,7 +125,7 @@ class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, Inne
         shared_memory: bool = True,
         probe: bool | None = None,
         background: bool = True,
-        dataflow: bool = True,
+        dataflow: bool = False,
         settings: TopologySettings | None = None,
     ) -> None:
         super().__init__(rank, size)
