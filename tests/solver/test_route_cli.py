@@ -11,6 +11,7 @@ import pytest
 from tests.hostile import assert_one_line_error
 from topocoll.cli import main
 from topocoll.solver import traffic
+from topocoll.solver.schedule import load_schedule
 from topocoll.topo.cluster import make_cluster
 
 
@@ -103,3 +104,19 @@ def test_an_unknown_rank_and_a_missing_folder_are_refused(capsys, cluster, tmp_p
     assert_one_line_error(status, err, "topocoll", "no node 'gpu99'")
     status, _, err = _run(capsys, ["route", "--topology", str(cluster), "--pattern", "zipf", "-o", str(tmp_path / "no" / "r.json")])
     assert_one_line_error(status, err, "topocoll", "does not exist")
+
+
+def test_the_routing_file_in_the_compact_format_is_the_same_schedule(capsys, cluster, tmp_path):
+    files = {}
+    for version in (1, 2):
+        files[version] = tmp_path / f"r{version}.json"
+        argv = ["route", "--topology", str(cluster), "--pattern", "zipf", "--bytes-per-rank", "4M", "-o", str(files[version]), "--format", str(version)]
+        status, _, err = _run(capsys, argv)
+        assert status == 0, err
+    compact = json.loads(files[2].read_text())
+    assert compact["format"] == "topocoll.schedule/2"
+    assert all(len(c) == 5 for c in compact["chunks"])  # each chunk names its pair
+    assert load_schedule(files[1]) == load_schedule(files[2])
+    status, out, err = _run(capsys, ["verify", str(files[2]), "--topology", str(cluster)])
+    assert status == 0, err
+    assert re.search(r"^correct\s+yes$", out, re.MULTILINE)

@@ -17,6 +17,7 @@ with c10d's own backends: ``dist.destroy_process_group()`` and a new ``init_proc
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,17 @@ class TopoOptions:
 DATAFLOW_ENV = "TOPOCOLL_DATAFLOW"
 
 
+def dataflow_from_env(environ: Mapping[str, str]) -> bool:
+    """Whether ``$TOPOCOLL_DATAFLOW`` asks for data-flow order (``1``, ``true``, ``yes``).
+
+    Examples
+    --------
+    >>> dataflow_from_env({}), dataflow_from_env({"TOPOCOLL_DATAFLOW": " Yes"}), dataflow_from_env({"TOPOCOLL_DATAFLOW": "0"})
+    (False, True, False)
+    """
+    return environ.get(DATAFLOW_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
     """Backend creator torch.distributed calls (extended API: it gets the global ranks)."""
     extra = backend_options if isinstance(backend_options, TopoOptions) else TopoOptions()
@@ -101,7 +113,7 @@ def _create(options: Any, backend_options: Any = None) -> TopoProcessGroup:
         shared_memory=extra.shared_memory,
         probe=extra.probe,
         background=extra.background,
-        dataflow=extra.dataflow if extra.dataflow is not None else os.environ.get(DATAFLOW_ENV, "").strip().lower() in ("1", "true", "yes"),
+        dataflow=extra.dataflow if extra.dataflow is not None else dataflow_from_env(os.environ),
         settings=TopologySettings.from_env(os.environ),
     )
 
