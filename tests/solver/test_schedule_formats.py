@@ -230,3 +230,17 @@ def test_reading_pauses_the_cycle_collector_and_restores_it(monkeypatch):
     finally:
         gc.enable()
     assert seen == [False, False] and gc.isenabled()
+
+
+def test_synthesize_suggests_the_compact_form_for_a_large_file(capsys, tmp_path, monkeypatch):
+    from topocoll.solver import cli
+
+    topology_path = tmp_path / "dgx1.json"
+    topology_path.write_text(build_preset("dgx1-v100").to_json())
+    hint = "--format 2 writes the same schedule in a tenth of the size or less"
+    for version, limit, shown in ((1, 10**9, False), (1, 1000, True), (2, 1000, False)):
+        monkeypatch.setattr(cli, "COMPACT_HINT_BYTES", limit)
+        path = tmp_path / f"ar{version}-{limit}.json"
+        argv = ["synthesize", "--topology", str(topology_path), "--collective", "allgather", "-o", str(path), "--format", str(version)]
+        assert main(argv) == 0
+        assert (hint in capsys.readouterr().out) is shown, (version, limit)
