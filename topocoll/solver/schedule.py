@@ -75,12 +75,12 @@ class Collective(str, enum.Enum):
 
 
 SYNTHESIZED = tuple(c for c in Collective if not c.is_routed)
+"""The collectives the cut bound, synthesis, the planner and the baselines handle."""
 
 #: The name of a schedule that a runtime may run with its inner backend's own collective
 #: instead of step by step: the schedule is what that collective does (gloo's allreduce and
 #: allgather: the ring in rank order), kept for verification and prediction.
 NATIVE = "native"
-"""The collectives the cut bound, synthesis, the planner and the baselines handle."""
 
 
 class Op(str, enum.Enum):
