@@ -349,14 +349,13 @@ class Executor:
         self, plan: DataflowPlan, buffer: torch.Tensor, scratch: torch.Tensor, reduction: Reduction | None, collective: str
     ) -> None:
         """Post ``plan``'s messages in order, each once what it depends on happened; then apply
-        and complete the rest. Gloo and the shared-memory transport progress messages on their
-        own threads, so waiting here for one message never holds up another."""
+        and complete the rest. The transport progresses posted messages on its own threads
+        (``progresses_alone``), so waiting here for one message never holds up another."""
         messages = plan.messages
         works: list[Any] = [None] * len(messages)
         landings: list[torch.Tensor | None] = [None] * len(messages)
         happened: set[tuple[Event, int]] = set()
         pending: list[int] = []  # receives into scratch not applied yet, in posting order
-        recv_apply = getattr(self._transport, "recv_apply", None)
 
         def complete(m: int) -> None:
             message = messages[m]
@@ -364,7 +363,7 @@ class Executor:
             peer = message.recv.peer if message.recv is not None else message.send.peer
             self._wait(works[m], what, message.step, peer)
             happened.add((Event.DONE, m))
-            if message.recv is not None and landings[m] is None:  # landed in the buffer (or was applied there)
+            if message.recv is not None and landings[m] is None:  # landed in the buffer
                 happened.add((Event.APPLIED, m))
 
         def satisfy(needed: tuple[tuple[Event, int], ...]) -> None:
@@ -404,17 +403,12 @@ class Executor:
                 if message.step != step:
                     step = message.step
                     apply_arrived()
-                    pending = [p for p in pending if (Event.APPLIED, p) not in happened]
+                    pending[:] = [p for p in pending if (Event.APPLIED, p) not in happened]
                 satisfy(message.post_after)
                 recv, send = message.recv, message.send
                 if send is not None:
                     works[m] = self._channels[send.channel].send([buffer[send.start : send.stop]], send.peer, send.tag)
                     continue
-                if recv_apply is not None and recv.channel == 0 and recv.op is Op.REDUCE and not recv.after_step and reduction is not None:
-                    work = recv_apply(buffer[recv.start : recv.stop], recv.peer, recv.tag, self._combiner(reduction))
-                    if work is not None:  # the transport reduces where the data lies
-                        works[m] = work
-                        continue
                 if message.scratch_start is None:
                     works[m] = self._channels[recv.channel].recv([buffer[recv.start : recv.stop]], recv.peer, recv.tag)
                 else:

@@ -262,7 +262,7 @@ def _verify(
         for s, step in enumerate(schedule.steps):
             for k, t in enumerate(step):
                 if t.path in bad_paths:
-                    errors.add(f"step {s} transfer {k} ({t.src}->{t.dst} chunk {t.chunk}): path {'-'.join(t.path)}: {bad_paths[t.path]}")
+                    errors.add(f"{_where(s, k, t)}: path {'-'.join(t.path)}: {bad_paths[t.path]}")
 
     # ------------------------------------------------------------------ replay
     if schedule.collective.is_routed:
