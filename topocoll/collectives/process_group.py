@@ -325,7 +325,7 @@ class TopoProcessGroup(ScheduledCollectives, AllToAllCalls, HeaderExchange, Inne
             options._timeout = timeout  # enforced by NCCL's watchdog: waits on the GPU take none
             self._cuda_sched = dist.ProcessGroupNCCL(dist.PrefixStore("topocoll/nccl-sched", store), rank, size, options)
             self._cuda_other = dist.ProcessGroupNCCL(dist.PrefixStore("topocoll/nccl-other", store), rank, size, options)
-            self._cuda_executor = Executor(self._cuda_sched, rank, timeout)
+            self._cuda_executor = Executor(self._cuda_sched, rank, timeout, native=self._cuda_sched)
         return self._cuda_sched, self._cuda_other, self._cuda_executor
 
     # ------------------------------------------------------------------ identification

@@ -29,7 +29,7 @@ from topocoll.solver.schedule import Collective, Schedule
 from topocoll.topo.model import Topology
 from topocoll.topo.rails import Rails
 
-__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "cuda_planner", "check_digests", "announce_topology_error"]
+__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "cuda_planner", "NCCL_NATIVE_COLLECTIVES", "check_digests", "announce_topology_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +79,28 @@ def default_planner(
     )
 
 
+#: The collectives a CUDA group may hand back to NCCL (:data:`topocoll.solver.schedule.NATIVE`):
+#: those :meth:`topocoll.collectives.executor.Executor.run_native` runs.
+NCCL_NATIVE_COLLECTIVES = (Collective.ALLREDUCE, Collective.ALLGATHER)
+
+
 def cuda_planner(
     topology: Topology, collective: Collective, ranks: tuple[str, ...], root: int | None, size_bytes: int | None
 ) -> Schedule:
     """Synthesize for CUDA tensors: steps costed at the solver's default, NCCL's per-message
     figure (:data:`topocoll.solver.DEFAULT_PER_MESSAGE_OVERHEAD_S`), since the steps run as NCCL
-    point-to-point kernels ordered on the GPU, not through gloo's host round trips."""
+    point-to-point kernels ordered on the GPU, not through gloo's host round trips. NCCL's own
+    collective is a candidate (:data:`NCCL_NATIVE_COLLECTIVES`), priced by
+    :mod:`topocoll.solver.nccl_model`, so that the group hands NCCL what NCCL is predicted to do
+    faster."""
     from topocoll.solver import plan
+    from topocoll.solver.nccl_model import nccl_native
 
-    return plan(topology, collective.value, list(ranks), root=root, size_bytes=size_bytes)
+    model = nccl_native(topology, ranks)
+    return plan(
+        topology, collective.value, list(ranks), root=root, size_bytes=size_bytes,
+        native=NCCL_NATIVE_COLLECTIVES if model is not None else (), native_model=model,
+    )
 
 
 def size_bucket(size_bytes: int) -> int:

@@ -39,7 +39,7 @@ class ScheduledCollectives:
             return  # nothing to move (a group of one holds every result already)
         size_bytes = buffer.numel() * buffer.element_size()
         device = buffer.device.type
-        if device == "cpu" and self._schedules.schedule(collective, root, size_bucket(size_bytes), device).name == NATIVE:
+        if self._schedules.schedule(collective, root, size_bucket(size_bytes), device).name == NATIVE:
             self._executor(buffer).run_native(collective, buffer, reduce.reduction if reduce else None, self._group_size, sequence=self._sequence)
             return
         program = self._schedules.program(collective, root, buffer.numel(), size_bytes, device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from topocoll.solver.bound import Bound, cut_bound
-from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, Plan, PlanStatus, plan_collective
+from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, NativeModel, Plan, PlanStatus, plan_collective
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.solver.synthesize import SynthesisOptions
 from topocoll.solver.verify import Verification, verify
@@ -49,6 +49,7 @@ def plan(
     per_message_overhead_s: float = DEFAULT_PER_MESSAGE_OVERHEAD_S,
     options: SynthesisOptions = SynthesisOptions(),
     native: Collection[Collective] = (),
+    native_model: NativeModel | None = None,
 ) -> Schedule:
     """The verified schedule to run: :func:`plan_collective`'s choice, without the details.
 
@@ -61,5 +62,6 @@ def plan(
     ('allgather', 3)
     """
     return plan_collective(
-        topology, collective, ranks, root, size_bytes, per_message_overhead_s=per_message_overhead_s, options=options, native=native
+        topology, collective, ranks, root, size_bytes, per_message_overhead_s=per_message_overhead_s, options=options, native=native,
+        native_model=native_model,
     ).schedule

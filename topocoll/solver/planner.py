@@ -16,6 +16,14 @@ the α-β model's otherwise. Among candidates predicted within :data:`NEAR_TIE` 
 fastest, the one that puts the fewest concurrent transfers on a network link wins: the model prices
 link sharing as perfect, real transports do not. When the LP fails or runs out of
 time before it found anything, a verified baseline is returned with a warning: never nothing.
+
+Where the runtime can hand a collective to its inner backend and a model of that backend's
+own collectives is given (``native_model``: :class:`topocoll.solver.nccl_model.NcclNative`
+for NCCL), the backend's collective is a candidate priced by that model, and every schedule
+pays the model's fixed cost per call too, so that the two are compared like with like: a
+collective is handed to NCCL wherever NCCL is predicted faster. Schedules are held to NCCL's
+efficiency too: their transfers are NCCL's point-to-point copies, which reach the share of a
+link that NCCL's rings reach.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import enum
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import networkx as nx
 
@@ -88,18 +97,49 @@ class PlanStatus(str, enum.Enum):
     BASELINE = "baseline"  # a baseline was predicted faster at this size
 
 
+class NativeModel(Protocol):
+    """A prediction of the inner backend's own collectives (see :class:`topocoll.solver.nccl_model.NcclNative`)."""
+
+    @property
+    def call_overhead_s(self) -> float:
+        """The fixed cost of any collective call on this backend, which schedules pay too."""
+        ...
+
+    @property
+    def p2p_efficiency(self) -> float:
+        """The share of a link's bandwidth the backend's point-to-point transfers reach, which
+        a schedule's bandwidth time is divided by."""
+        ...
+
+    def time_s(self, collective: Collective, size_bytes: float) -> float:
+        """Predicted time of the backend's own ``collective`` of ``size_bytes``."""
+        ...
+
+    def algbw_bytes_per_s(self, collective: Collective) -> float:
+        """The backend's best algorithm bandwidth for ``collective`` (large sizes)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One verified candidate schedule and its predicted times."""
+    """One verified candidate schedule and its predicted times.
+
+    A :data:`NATIVE` candidate priced by a native model carries the model's bandwidth time
+    (``native_t_bw_s_per_byte``); its schedule is a stand-in (a ring in rank order) that only
+    proves the collective can run.
+    """
 
     name: str
     schedule: Schedule
     verification: Verification
     predicted_time_s: float | None = None  # at the plan's size, by the plan's model
+    native_t_bw_s_per_byte: float | None = None
 
     @property
     def t_bw_s_per_byte(self) -> float:
         """Bandwidth time per byte of the collective's size."""
+        if self.native_t_bw_s_per_byte is not None:
+            return self.native_t_bw_s_per_byte
         return self.verification.t_bw_s_per_byte
 
 
@@ -119,7 +159,8 @@ class Plan:
     size_bytes : float or None
     warnings : tuple of str
     model : str
-        What predicted the candidates' times: ``"events"`` or ``"alpha-beta"``.
+        What predicted the candidates' times: ``"events"`` or ``"alpha-beta"`` (with ``"+native
+        model"`` when a native model priced the inner backend's collective).
     """
 
     schedule: Schedule
@@ -270,9 +311,41 @@ def choose(
 
 
 def predict_times(
-    candidates: Sequence[Candidate], topology: Topology, size_bytes: float, per_message_overhead_s: float
+    candidates: Sequence[Candidate], topology: Topology, size_bytes: float, per_message_overhead_s: float,
+    native_model: NativeModel | None = None,
 ) -> tuple[tuple[Candidate, ...], str]:
     """``candidates`` with their predicted time at ``size_bytes``, and the model that gave it.
+
+    With a ``native_model``, the :data:`NATIVE` candidate takes its time from it, and every other
+    candidate is held to the same backend: its bandwidth time (``t_bw`` x size) is divided by
+    the model's point-to-point efficiency, and it pays the fixed cost per call on top.
+    """
+    if native_model is None:
+        return _predict_schedules(candidates, topology, size_bytes, per_message_overhead_s)
+    scheduled = [i for i, c in enumerate(candidates) if c.name != NATIVE]
+    timed, model = (
+        _predict_schedules([candidates[i] for i in scheduled], topology, size_bytes, per_message_overhead_s) if scheduled else ((), "alpha-beta")
+    )
+    out = list(candidates)
+    for i, c in zip(scheduled, timed):
+        bandwidth_s = c.t_bw_s_per_byte * size_bytes
+        latency_s = max(0.0, c.predicted_time_s - bandwidth_s)
+        on_backend = native_model.call_overhead_s + latency_s + bandwidth_s / native_model.p2p_efficiency
+        out[i] = dataclasses.replace(c, predicted_time_s=on_backend)
+    for i, c in enumerate(candidates):
+        if c.name == NATIVE:
+            collective = c.schedule.collective
+            out[i] = dataclasses.replace(
+                c, predicted_time_s=native_model.time_s(collective, size_bytes),
+                native_t_bw_s_per_byte=1.0 / native_model.algbw_bytes_per_s(collective),
+            )
+    return tuple(out), model + "+native model"
+
+
+def _predict_schedules(
+    candidates: Sequence[Candidate], topology: Topology, size_bytes: float, per_message_overhead_s: float
+) -> tuple[tuple[Candidate, ...], str]:
+    """The schedules' own times (see :func:`predict_times`).
 
     The candidates within :data:`EVENT_MODEL_SHORTLIST` of the fastest by the α-β time their
     verification computed are run through the event simulator, when they hold at most
@@ -316,6 +389,7 @@ def plan_collective(
     options: SynthesisOptions = SynthesisOptions(),
     baseline_names: Sequence[str] | None = None,
     native: Collection[Collective] = (),
+    native_model: NativeModel | None = None,
 ) -> Plan:
     """Synthesize, compare and verify: the schedule to run for one collective.
 
@@ -339,8 +413,13 @@ def plan_collective(
     baseline_names : sequence of str, optional
         Baselines to compare (default: all of :data:`topocoll.solver.baselines.BASELINES`).
     native : collection of Collective, optional
-        Collectives the runtime can hand to its inner backend, which runs them as a ring in rank
-        order; where :func:`native_ring_applies`, a :data:`NATIVE` candidate is compared too.
+        Collectives the runtime can hand to its inner backend. Without ``native_model`` the
+        backend runs them as a ring in rank order, and a :data:`NATIVE` candidate is compared
+        where :func:`native_ring_applies`.
+    native_model : NativeModel, optional
+        A model of the inner backend's own collectives (e.g. NCCL's,
+        :class:`topocoll.solver.nccl_model.NcclNative`): the :data:`NATIVE` candidate is priced
+        by it, and every schedule pays its fixed cost per call.
 
     Returns
     -------
@@ -401,7 +480,7 @@ def plan_collective(
         except SolverError as exc:  # the traffic routing LP failed: the other candidates stand
             log.info("direct schedule not built: %s", exc)
 
-    if collective in native and not large and native_ring_applies(topology, ranks):
+    if collective in native and not large and (native_model is not None or native_ring_applies(topology, ranks)):
         # It wins ties among equally crowded candidates: on the emulated 4-host `uniform`
         # network gloo's own allreduce ran 2-4 % faster than the same ring on the executor.
         consider(NATIVE, dataclasses.replace(baselines.rank_order_ring(topology, collective, list(ranks)), name=NATIVE))
@@ -431,7 +510,7 @@ def plan_collective(
         consider(schedule.name or name, schedule)
     if not candidates:
         raise SolverError(f"no schedule for {collective.value} over {len(ranks)} ranks verified")
-    timed, model = predict_times(candidates, topology, eval_size, per_message_overhead_s)
+    timed, model = predict_times(candidates, topology, eval_size, per_message_overhead_s, native_model)
     chosen = _choose(timed, size_bytes, topology)
     if chosen.name == "direct":
         status = PlanStatus.DIRECT

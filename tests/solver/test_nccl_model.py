@@ -1,0 +1,221 @@
+"""The model of NCCL's collectives: what it reads from the graph, the latencies and bandwidths it
+derives (checked against NCCL's published constants and the presets' links, written out here),
+the algorithm it picks per size, its calibration's agreement with the committed report, and the
+planner handing a collective to NCCL where NCCL is predicted faster."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from topocoll.errors import SolverError
+from topocoll.solver.nccl_model import (
+    CALIBRATION,
+    Algorithm,
+    NcclNative,
+    Protocol,
+    nccl_estimates,
+    nccl_native,
+    nccl_time,
+    nccl_view,
+)
+from topocoll.solver.planner import plan_collective
+from topocoll.solver.schedule import NATIVE, Collective
+from topocoll.topo.cluster import make_cluster
+from topocoll.topo.discover import flat_topology
+from topocoll.topo.model import LinkKind, NodeKind
+from topocoll.topo.presets import build_preset
+
+REPO = Path(__file__).resolve().parents[2]
+US = 1e-6
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+NATIVE_COLLECTIVES = (Collective.ALLREDUCE, Collective.ALLGATHER)
+
+
+def nvlink_to_switches(topology, gpu):
+    """A GPU's NVLink bandwidth to NVSwitches, summed from the topology's links."""
+    switches = {n.id for n in topology.nodes if n.kind is NodeKind.NVSWITCH}
+    return sum(l.bw_bytes_per_s for l in topology.links if l.src == gpu and l.kind is LinkKind.NVLINK and l.dst in switches)
+
+
+def by_label(estimates):
+    return {(e.algorithm, e.protocol): e for e in estimates}
+
+
+def test_view_of_one_nvswitch_machine():
+    h100 = build_preset("dgx-h100")
+    ranks = h100.compute_nodes()
+    view = nccl_view(h100, ranks)
+    assert (view.ranks, view.machines, view.intra, view.nvls) == (8, 1, "nvlink", True)
+    assert view.sm == min(h100.node(r).sm for r in ranks)
+    assert view.gpu_bw_bytes_per_s == pytest.approx(min(nvlink_to_switches(h100, r) for r in ranks))
+    assert view.network_bw_bytes_per_s is None
+    a100 = build_preset("dgx-a100")
+    assert nccl_view(a100, a100.compute_nodes()).nvls is False  # NVSwitch, but no NVLS before Hopper
+
+
+def test_view_of_two_machines_sums_each_machines_nics():
+    cluster = make_cluster("dgx-h100", 2, nics_per_node=8, nic_bw_bytes_per_s=25e9)
+    view = nccl_view(cluster, cluster.compute_nodes())
+    assert (view.ranks, view.machines, view.ranks_per_machine) == (16, 2, 8)
+    assert view.network_bw_bytes_per_s == pytest.approx(8 * 25e9)
+
+
+def test_view_of_a_pcie_box_and_a_partial_mesh():
+    pcie = build_preset("pcie-8gpu")
+    view = nccl_view(pcie, pcie.compute_nodes())
+    assert view.intra == "pcie" and not view.nvls
+    # rings cross the PCIe tree: never more than one GPU's own PCIe link
+    widest_pcie = max(l.bw_bytes_per_s for l in pcie.links if l.src == pcie.compute_nodes()[0] and l.kind is LinkKind.PCIE)
+    assert 0 < view.gpu_bw_bytes_per_s <= widest_pcie
+    assert Protocol.LL128 not in {e.protocol for e in nccl_estimates(view, Collective.ALLREDUCE)}  # NCCL keeps LL128 to NVLink
+    dgx1 = build_preset("dgx1-v100")
+    five = dgx1.compute_nodes()[:5]
+    partial = nccl_view(dgx1, five)
+    # only NVLinks among the five can carry a ring: less than a GPU's six NVLinks
+    own = sum(l.bw_bytes_per_s for l in dgx1.links if l.src == five[0] and l.kind is LinkKind.NVLINK)
+    assert partial.intra == "nvlink" and 0 < partial.gpu_bw_bytes_per_s < own
+
+
+def test_ring_latencies_are_nccls_constants_times_the_hops():
+    """NCCL's tuning constants (src/graph/tuning.cc), written out: ring base latency LL 6.6,
+    LL128 14, Simple 8.4 us; per NVLink hop 0.6, 1.9, 3.4 us; an allreduce ring takes 2 (n - 1) hops."""
+    h100 = build_preset("dgx-h100")
+    view = nccl_view(h100, h100.compute_nodes())
+    overhead = CALIBRATION.overhead_s(90)
+    estimates = by_label(nccl_estimates(view, Collective.ALLREDUCE))
+    for protocol, base, hop in ((Protocol.LL, 6.6, 0.6), (Protocol.LL128, 14.0, 1.9), (Protocol.SIMPLE, 8.4, 3.4)):
+        assert estimates[Algorithm.RING, protocol].latency_s == pytest.approx(overhead + (base + 14 * hop) * US)
+    # an allgather ring takes n - 1 hops
+    gather = by_label(nccl_estimates(view, Collective.ALLGATHER))
+    assert gather[Algorithm.RING, Protocol.LL].latency_s == pytest.approx(overhead + (6.6 + 7 * 0.6) * US)
+
+
+def test_bandwidths_follow_the_protocols_and_the_in_switch_limit():
+    h100 = build_preset("dgx-h100")
+    view = nccl_view(h100, h100.compute_nodes())
+    b = view.gpu_bw_bytes_per_s
+    n = 8
+    estimates = by_label(nccl_estimates(view, Collective.ALLREDUCE))
+    ring_simple = estimates[Algorithm.RING, Protocol.SIMPLE].algbw_bytes_per_s
+    assert ring_simple == pytest.approx(b * CALIBRATION.ring_efficiency * n / (2 * (n - 1)))  # busbw -> algbw
+    assert estimates[Algorithm.RING, Protocol.LL128].algbw_bytes_per_s == pytest.approx(0.92 * ring_simple)
+    # LL: half the bandwidth, at most NCCL's 141 GB/s of busbw on Hopper
+    assert estimates[Algorithm.RING, Protocol.LL].algbw_bytes_per_s == pytest.approx(min(0.5 * b * CALIBRATION.ring_efficiency, 141e9) * n / (2 * (n - 1)))
+    # NVLS: each GPU sends its buffer up and takes the reduced one down, plus its shard: B / (1 + 1/n)
+    assert estimates[Algorithm.NVLS, Protocol.SIMPLE].algbw_bytes_per_s == pytest.approx(b * CALIBRATION.nvls_efficiency / (1 + 1 / n))
+
+
+@pytest.mark.parametrize("preset, small, large", [
+    ("dgx-h100", (Algorithm.RING, Protocol.LL), (Algorithm.NVLS, Protocol.SIMPLE)),
+    ("dgx-a100", (Algorithm.RING, Protocol.LL), (Algorithm.RING, Protocol.SIMPLE)),
+])
+def test_small_messages_take_ll_and_large_ones_the_widest_algorithm(preset, small, large):
+    topology = build_preset(preset)
+    view = nccl_view(topology, topology.compute_nodes())
+    assert (nccl_time(view, Collective.ALLREDUCE, KIB).algorithm, nccl_time(view, Collective.ALLREDUCE, KIB).protocol) == small
+    big = nccl_time(view, Collective.ALLREDUCE, 8 * GIB)
+    assert (big.algorithm, big.protocol) == large
+    assert big.algbw_bytes_per_s == max(e.algbw_bytes_per_s for e in nccl_estimates(view, Collective.ALLREDUCE))
+    times = [nccl_time(view, Collective.ALLREDUCE, 1 << k).time_s(1 << k) for k in range(3, 34)]
+    assert all(a < b for a, b in zip(times, times[1:]))
+
+
+def test_two_machines_run_trees_whose_network_share_doubles():
+    """Between two machines a tree sends and receives each byte once per machine (algbw up to
+    the network's), where a ring's busbw is held to it: so trees win at large sizes."""
+    cluster = make_cluster("dgx-h100", 2, nics_per_node=8, nic_bw_bytes_per_s=25e9)
+    view = nccl_view(cluster, cluster.compute_nodes())
+    big = nccl_time(view, Collective.ALLREDUCE, 8 * GIB)
+    assert big.algorithm is Algorithm.NVLS_TREE
+    network = view.network_bw_bytes_per_s * CALIBRATION.network_efficiency
+    assert big.algbw_bytes_per_s == pytest.approx(min(network, view.gpu_bw_bytes_per_s * CALIBRATION.nvls_efficiency / (1 + 1 / 8)))
+    ring = by_label(nccl_estimates(view, Collective.ALLREDUCE))[Algorithm.RING, Protocol.SIMPLE]
+    assert ring.algbw_bytes_per_s * 2 * 15 / 16 == pytest.approx(network)  # busbw = the network's
+    # the network's latency counts once per hop for LL, twice (data, then flush) for Simple
+    slow = dataclasses.replace(view, network_latency_s=50 * US)
+    hops = 2  # between two machines a ring crosses 2 (machines - 1) times, a tree 2 log2(machines)
+    for (algorithm, protocol), e in by_label(nccl_estimates(slow, Collective.ALLREDUCE)).items():
+        before = by_label(nccl_estimates(view, Collective.ALLREDUCE))[algorithm, protocol].latency_s
+        assert e.latency_s - before == pytest.approx(hops * 50 * US * (2 if protocol is Protocol.SIMPLE else 1))
+    rdma_less = dataclasses.replace(view, network_rdma=False)
+    assert Protocol.LL128 not in {e.protocol for e in nccl_estimates(rdma_less, Collective.ALLREDUCE)}
+
+
+def test_bad_requests_are_refused():
+    flat = flat_topology(4)
+    with pytest.raises(SolverError, match="GPU ranks"):
+        nccl_view(flat, flat.compute_nodes())
+    assert nccl_native(flat, flat.compute_nodes()) is None
+    h100 = build_preset("dgx-h100")
+    view = nccl_view(h100, h100.compute_nodes())
+    with pytest.raises(ValueError, match="size"):
+        nccl_time(view, Collective.ALLREDUCE, 0)
+    with pytest.raises(ValueError, match="two ranks"):
+        nccl_time(nccl_view(h100, h100.compute_nodes()[:1]), Collective.ALLREDUCE, KIB)
+
+
+def _tables_module():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import nccl_tables
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return nccl_tables
+
+
+def test_the_calibration_is_the_committed_fit_and_the_report_is_current():
+    report = json.loads((REPO / "benchmarks" / "results" / "nccl_tables.json").read_text())
+    fitted = report["calibration"]
+    assert CALIBRATION.overhead_s(80) == pytest.approx(fitted["call_overhead_sm80_us"] * US, abs=1e-9)
+    assert CALIBRATION.overhead_s(90) == pytest.approx(fitted["call_overhead_sm90_us"] * US, abs=1e-9)
+    for name in ("ring_efficiency", "nvls_efficiency", "network_efficiency", "tree_efficiency"):
+        assert getattr(CALIBRATION, name) == pytest.approx(fitted[name], abs=5e-4)
+    # every committed prediction is what the model says today, from the tables' own files
+    tables = _tables_module()
+    for table in tables.load_tables():
+        committed = next(t for t in report["tables"] if t["table"] == table.name)
+        assert [r["measured_busbw_bytes_per_s"] for r in committed["rows"]] == [busbw for _, busbw in table.measured]
+        predicted = tables.predicted_busbw(table, CALIBRATION, committed["network_latency_s"])
+        for row, (busbw, label) in zip(committed["rows"], predicted):
+            assert busbw == pytest.approx(row["predicted_busbw_bytes_per_s"], rel=2e-3)
+            assert label == row["algorithm"]
+
+
+def test_planner_hands_nccl_what_nccl_does_faster():
+    h100 = build_preset("dgx-h100")
+    ranks = h100.compute_nodes()
+    model = nccl_native(h100, ranks)
+    small = plan_collective(h100, Collective.ALLREDUCE, ranks, size_bytes=KIB, native=NATIVE_COLLECTIVES, native_model=model)
+    assert small.chosen.name == NATIVE
+    assert small.chosen.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, KIB))
+    # every candidate is predicted at least as slow as the one chosen
+    assert all(c.predicted_time_s >= small.chosen.predicted_time_s * (1 - 1e-9) for c in small.candidates)
+    # a collective the runtime cannot hand over gets no native candidate
+    broadcast = plan_collective(h100, Collective.BROADCAST, ranks, root=0, size_bytes=KIB, native=NATIVE_COLLECTIVES, native_model=model)
+    assert broadcast.candidate(NATIVE) is None
+
+
+def test_schedules_are_held_to_nccls_efficiency_and_fixed_cost():
+    """On a PCIe box the synthesized trees beat NCCL's ring at large sizes even when every
+    schedule pays NCCL's fixed cost per call and reaches only NCCL's share of each link."""
+    pcie = build_preset("pcie-8gpu")
+    ranks = pcie.compute_nodes()
+    model = nccl_native(pcie, ranks)
+    raw = plan_collective(pcie, Collective.ALLREDUCE, ranks, size_bytes=64 * MIB)
+    held = plan_collective(pcie, Collective.ALLREDUCE, ranks, size_bytes=64 * MIB, native=NATIVE_COLLECTIVES, native_model=model)
+    assert held.chosen.name != NATIVE
+    native = held.candidate(NATIVE)
+    assert native.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, 64 * MIB))
+    assert native.t_bw_s_per_byte == pytest.approx(1 / model.algbw_bytes_per_s(Collective.ALLREDUCE))
+    for before in raw.candidates:
+        after = held.candidate(before.name)
+        bandwidth = before.t_bw_s_per_byte * 64 * MIB
+        expected = model.call_overhead_s + max(0.0, before.predicted_time_s - bandwidth) + bandwidth / model.p2p_efficiency
+        assert after.predicted_time_s == pytest.approx(expected)
+    assert held.chosen.predicted_time_s < native.predicted_time_s

@@ -1,0 +1,420 @@
+"""What NCCL's own collectives take on a topology: a closed-form model of its algorithms.
+
+NCCL chooses, per call, one algorithm (ring, tree, NVLS, NVLS-tree) and one protocol (LL,
+LL128, Simple), each pair with a latency and a bandwidth; the call takes
+``latency + size / algbw``. This module predicts those pairs from topocoll's graph, so that a
+schedule can be compared with what NCCL would really do, not with a weaker baseline:
+
+* **bandwidth** comes from the graph: a GPU's bandwidth inside its machine (its NVLinks, or its
+  PCIe link where it has none), each machine's network bandwidth, and the in-switch reduction
+  of third-generation NVSwitches (NVLS); each algorithm reaches a *calibrated* fraction of its
+  limit (:class:`Calibration`);
+* **protocols** scale it as NCCL's tuner does: LL carries 8 bytes per 16 (half the bandwidth,
+  capped), LL128 120 bytes per 128;
+* **latency** is NCCL's published base latency per algorithm and protocol plus its per-hop
+  latency per link type (NVLink, PCIe, network) times the hops the algorithm takes, plus a
+  *calibrated* fixed cost per call (kernel launch and the benchmark loop) by GPU generation, and
+  the network's own latency where a machine boundary is crossed.
+
+The figures marked "NCCL" below are the constants of NCCL's tuning model
+(``src/graph/tuning.cc``, NCCL 2.30); the calibrated ones were fitted to the nccl-tests tables
+committed in ``tests/data/topologies`` by ``benchmarks/nccl_tables.py``, whose report
+(``benchmarks/results/nccl_tables.md``) shows every prediction against its measurement.
+
+All functions are pure; times are in seconds and bandwidths in bytes per second.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topocoll.errors import SolverError
+from topocoll.solver.schedule import Collective
+from topocoll.topo.model import LinkKind, NodeKind, Topology
+
+#: NVLS (reduction inside the NVSwitch) needs compute capability 9.0 or later.
+NVLS_MIN_SM = 90
+#: LL128 is used by default only over NVLink from Volta on (NCCL enables it on SM70+ NVLink paths).
+LL128_MIN_SM = 70
+
+US = 1e-6
+GB = 1e9
+
+
+class Algorithm(str, enum.Enum):
+    """NCCL's algorithms for the collectives topocoll models."""
+
+    RING = "ring"
+    TREE = "tree"
+    NVLS = "nvls"
+    NVLS_TREE = "nvls_tree"
+
+
+class Protocol(str, enum.Enum):
+    """NCCL's wire protocols: LL (8-byte flag+data stores), LL128 (128-byte lines), Simple."""
+
+    LL = "LL"
+    LL128 = "LL128"
+    SIMPLE = "Simple"
+
+
+#: NCCL: base latency per algorithm and protocol (LL, LL128, Simple), in seconds.
+BASE_LATENCY_S = {
+    Algorithm.TREE: (6.8 * US, 14.0 * US, 8.4 * US),
+    Algorithm.RING: (6.6 * US, 14.0 * US, 8.4 * US),
+    Algorithm.NVLS: (0.0, 0.0, 0.0),
+    Algorithm.NVLS_TREE: (0.0, 0.0, 0.0),
+}
+#: NCCL: latency per hop by link type, algorithm and protocol (LL, LL128, Simple), in seconds.
+HOP_LATENCY_S = {
+    "nvlink": {
+        Algorithm.TREE: (0.6 * US, 1.25 * US, 4.0 * US),
+        Algorithm.RING: (0.6 * US, 1.9 * US, 3.4 * US),
+        Algorithm.NVLS: (0.0, 0.0, 25.0 * US),
+        Algorithm.NVLS_TREE: (0.0, 0.0, 25.0 * US),
+    },
+    "pcie": {
+        Algorithm.TREE: (1.0 * US, 1.9 * US, 4.0 * US),
+        Algorithm.RING: (1.0 * US, 2.5 * US, 5.7 * US),
+    },
+    "net": {
+        Algorithm.TREE: (5.0 * US, 8.5 * US, 14.0 * US),
+        Algorithm.RING: (2.7 * US, 4.0 * US, 14.0 * US),
+        Algorithm.NVLS: (0.0, 0.0, 18.0 * US),
+        Algorithm.NVLS_TREE: (0.0, 0.0, 20.9 * US),
+    },
+}
+#: NCCL: the share of the link bandwidth each protocol carries as data: LL sends 4 bytes of data
+#: with every 4-byte flag, LL128 120 bytes with every 128 (NCCL's tuner uses 0.92 for it).
+PROTOCOL_BW_FACTOR = {Protocol.LL: 0.5, Protocol.LL128: 0.92, Protocol.SIMPLE: 1.0}
+#: NCCL: the most bus bandwidth LL reaches, by GPU generation on one machine (``llMaxBws``), and
+#: across machines (by CPU, Intel's figures: 2 machines, more).
+LL_MAX_BUSBW_ONE_MACHINE = {70: 39.0 * GB, 80: 87.7 * GB, 90: 141.0 * GB, 100: 282.0 * GB}
+LL_MAX_BUSBW_NETWORK = (39.0 * GB, 20.4 * GB)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The model's fitted parameters (see the module docstring for where they come from).
+
+    Attributes
+    ----------
+    call_overhead_s : dict of int to float
+        Fixed cost of one collective call by GPU generation (the compute capability rounded
+        down to a multiple of 10): kernel launch, NCCL's enqueue, the benchmark's loop.
+    ring_efficiency : float
+        Share of the ring's limit (the narrowest GPU's bandwidth) that NCCL's ring reaches.
+    nvls_efficiency : float
+        Share of the in-switch limit that NVLS reaches.
+    network_efficiency : float
+        Share of a machine's network bandwidth that traffic between machines reaches.
+    tree_efficiency : float
+        Share of the chain's limit that a tree reaches inside a machine.
+    """
+
+    call_overhead_s: dict[int, float]
+    ring_efficiency: float
+    nvls_efficiency: float
+    network_efficiency: float
+    tree_efficiency: float
+
+    def overhead_s(self, sm: int | None) -> float:
+        """The fixed cost per call for GPUs of compute capability ``sm`` (the nearest known)."""
+        generation = 10 * ((sm or 0) // 10)
+        known = sorted(self.call_overhead_s)
+        return self.call_overhead_s[min(known, key=lambda g: (abs(g - generation), -g))]
+
+
+#: The calibration fitted by ``benchmarks/nccl_tables.py`` (its report gives every residual).
+CALIBRATION = Calibration(
+    call_overhead_s={80: 26.828 * US, 90: 14.868 * US},
+    ring_efficiency=0.716,
+    nvls_efficiency=0.633,
+    network_efficiency=0.775,
+    tree_efficiency=0.583,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NcclView:
+    """What NCCL's tuner sees of a set of ranks: counts, generations and the narrowest links.
+
+    Attributes
+    ----------
+    ranks : int
+    machines : int
+    sm : int or None
+        The lowest compute capability among the ranks (None where unknown).
+    intra : str
+        ``"nvlink"`` when every GPU has NVLinks inside its machine, else ``"pcie"``.
+    gpu_bw_bytes_per_s : float
+        The most bus bandwidth rings reach inside the narrowest machine: a GPU's NVLinks to the
+        NVSwitches, else the rings over the graph's NVLink mesh or PCIe tree (infinite with one
+        GPU per machine).
+    network_bw_bytes_per_s : float or None
+        The narrowest machine's network bandwidth, each way (None on one machine).
+    nvls : bool
+        Whether every machine's GPUs share NVSwitches that reduce (compute capability >= 9.0).
+    network_latency_s : float
+        Latency of the network between machines beyond NCCL's per-hop figure (0 when unknown).
+        NCCL's Simple protocol pays it twice per hop (the data, then the flush that makes it
+        visible to the GPU), LL and LL128 once.
+    network_rdma : bool
+        Whether the network reaches GPU memory directly (GPUDirect RDMA). Without it NCCL keeps
+        LL128 inside machines.
+    """
+
+    ranks: int
+    machines: int
+    sm: int | None
+    intra: str
+    gpu_bw_bytes_per_s: float
+    network_bw_bytes_per_s: float | None
+    nvls: bool
+    network_latency_s: float = 0.0
+    network_rdma: bool = True
+
+    @property
+    def ranks_per_machine(self) -> float:
+        return self.ranks / self.machines
+
+
+@dataclass(frozen=True, slots=True)
+class NcclEstimate:
+    """One algorithm and protocol of NCCL's, as the model predicts it."""
+
+    algorithm: Algorithm
+    protocol: Protocol
+    latency_s: float
+    algbw_bytes_per_s: float
+
+    def time_s(self, size_bytes: float) -> float:
+        """Predicted time of a call moving ``size_bytes`` (nccl-tests' size)."""
+        return self.latency_s + size_bytes / self.algbw_bytes_per_s
+
+    @property
+    def label(self) -> str:
+        return f"{self.algorithm.value}/{self.protocol.value}"
+
+
+def nccl_view(topology: Topology, ranks: Sequence[str], network_latency_s: float = 0.0) -> NcclView:
+    """Read from the graph what NCCL's tuner would see of ``ranks``.
+
+    Parameters
+    ----------
+    topology : Topology
+    ranks : sequence of str
+        GPU rank nodes; a rank's machine is its ``host_id`` (one machine when none is given).
+    network_latency_s : float
+        Latency of the network beyond NCCL's own per-hop figure (e.g. measured by ``topocoll
+        topo probe``).
+
+    Returns
+    -------
+    NcclView
+
+    Raises
+    ------
+    SolverError
+        A rank that is not a GPU of the topology, or a GPU without NVLink or PCIe links.
+
+    Examples
+    --------
+    >>> from topocoll.topo.presets import build_preset
+    >>> h100 = build_preset("dgx-h100")
+    >>> view = nccl_view(h100, h100.compute_nodes())
+    >>> view.ranks, view.machines, view.intra, round(view.gpu_bw_bytes_per_s / 1e9), view.nvls
+    (8, 1, 'nvlink', 450, True)
+    """
+    nodes = {n.id: n for n in topology.nodes}
+    for r in ranks:
+        if r not in nodes or nodes[r].kind is not NodeKind.GPU:
+            raise SolverError(f"NCCL's model needs GPU ranks; {r!r} is {'not in the topology' if r not in nodes else 'a ' + nodes[r].kind.value}")
+    members: dict[str, list[str]] = {}
+    for r in ranks:
+        members.setdefault(nodes[r].host_id or "", []).append(r)
+    switches = {n.id for n in topology.nodes if n.kind is NodeKind.NVSWITCH}
+    to_switches: dict[str, float] = {r: 0.0 for r in ranks}
+    nvlinked = {r: False for r in ranks}
+    network: dict[str, float] = {m: 0.0 for m in members}
+    for link in topology.links:
+        if link.src in to_switches and link.kind is LinkKind.NVLINK:
+            nvlinked[link.src] = True
+            if link.dst in switches:
+                to_switches[link.src] += link.bw_bytes_per_s
+        src = nodes[link.src]
+        if src.kind is NodeKind.NIC and link.kind is LinkKind.NET and nodes[link.dst].kind is not NodeKind.NIC:
+            network[src.host_id or ""] = network.get(src.host_id or "", 0.0) + link.bw_bytes_per_s
+    sms = [nodes[r].sm for r in ranks]
+    sm = None if None in sms else min(s for s in sms if s is not None)
+    switched = all(to_switches[r] > 0 for r in ranks)
+    gpu_bw = min(_machine_ring_busbw(topology, group, to_switches if switched else None) for group in members.values())
+    network_bw = min(network.get(m, 0.0) for m in members) if len(members) > 1 else None
+    if network_bw is not None and not network_bw > 0:
+        raise SolverError(f"machine {min(members, key=lambda m: network.get(m, 0.0))!r} has no network link: NCCL's model cannot join it")
+    nvls = switched and sm is not None and sm >= NVLS_MIN_SM
+    intra = "nvlink" if all(nvlinked.values()) else "pcie"
+    return NcclView(len(ranks), len(members), sm, intra, gpu_bw, network_bw, nvls, network_latency_s)
+
+
+def _machine_ring_busbw(topology: Topology, group: Sequence[str], to_switches: dict[str, float] | None) -> float:
+    """The most bus bandwidth NCCL's rings can have among ``group``, the ranks of one machine.
+
+    Behind NVSwitches every GPU reaches every other at its full NVLink bandwidth, which rings
+    use all of (``to_switches``); elsewhere (an NVLink mesh, PCIe) the rings are those of
+    :func:`topocoll.solver.baselines.multichannel_ring`, one per channel, over the graph.
+    """
+    if len(group) == 1:
+        return math.inf  # nothing to cross inside this machine
+    if to_switches is not None:
+        return min(to_switches[r] for r in group)
+    from topocoll.solver.baselines import multichannel_ring
+    from topocoll.solver.verify import verify
+
+    checked = verify(multichannel_ring(topology, Collective.ALLGATHER, list(group)), topology)
+    if not checked.ok:
+        raise SolverError(f"no ring joins the GPUs {', '.join(group)} of one machine: {checked.errors[0]}")
+    return (len(group) - 1) / len(group) / checked.t_bw_s_per_byte
+
+
+def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibration = CALIBRATION) -> tuple[NcclEstimate, ...]:
+    """Every algorithm and protocol NCCL could run for ``collective`` on ``view``, predicted.
+
+    Parameters
+    ----------
+    view : NcclView
+    collective : Collective
+    calibration : Calibration
+
+    Returns
+    -------
+    tuple of NcclEstimate
+        Empty for one rank.
+    """
+    n, machines = view.ranks, view.machines
+    if n < 2:
+        return ()
+    ppn = view.ranks_per_machine
+    sm = view.sm or 0
+    overhead = calibration.overhead_s(view.sm)
+    net_hop = view.network_latency_s
+    allreduce = collective is Collective.ALLREDUCE
+    steps = 2 * (n - 1) if allreduce else n - 1 if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER) else n
+    net_steps = 0 if machines == 1 else (2 if allreduce else 1) * (machines - 1)
+    # The bus bandwidth an algorithm reaches, turned into algbw by nccl-tests' factor.
+    bus_to_alg = n / steps if collective is not Collective.BROADCAST and collective is not Collective.REDUCE else 1.0
+    network_bw = view.network_bw_bytes_per_s * calibration.network_efficiency if view.network_bw_bytes_per_s else math.inf
+    ring_busbw = min(view.gpu_bw_bytes_per_s * calibration.ring_efficiency, network_bw)
+    protocols = [Protocol.LL, Protocol.SIMPLE]
+    if view.intra == "nvlink" and sm >= LL128_MIN_SM and (machines == 1 or view.network_rdma):
+        protocols.insert(1, Protocol.LL128)
+    ll_max = LL_MAX_BUSBW_ONE_MACHINE.get(10 * (sm // 10), LL_MAX_BUSBW_ONE_MACHINE[70]) if machines == 1 else LL_MAX_BUSBW_NETWORK[machines > 2]
+    intra = view.intra
+    out = []
+    for p in protocols:
+        i = list(Protocol).index(p)
+        busbw = ring_busbw * PROTOCOL_BW_FACTOR[p]
+        if p is Protocol.LL:
+            busbw = min(busbw, ll_max)
+        hop = HOP_LATENCY_S[intra][Algorithm.RING][i]
+        net = HOP_LATENCY_S["net"][Algorithm.RING][i] + net_hop * (2 if p is Protocol.SIMPLE else 1)
+        latency = overhead + BASE_LATENCY_S[Algorithm.RING][i] + (steps - net_steps) * hop + net_steps * net
+        out.append(NcclEstimate(Algorithm.RING, p, latency, busbw * bus_to_alg))
+    if not allreduce:
+        return tuple(out)
+    # Trees: a chain inside each machine, a double binary tree between machines. Each GPU of a
+    # chain sends the buffer up and down once (algbw <= half its bandwidth); between two
+    # machines each sends and receives the buffer once, between more, up to twice.
+    chain_algbw = view.gpu_bw_bytes_per_s * calibration.tree_efficiency / 2 if ppn > 1 else math.inf
+    tree_net_algbw = network_bw * (1.0 if machines <= 2 else 0.5)
+    depth = math.ceil(math.log2(machines)) if machines > 1 else 0
+    for p in protocols:
+        i = list(Protocol).index(p)
+        algbw = min(chain_algbw, tree_net_algbw) * PROTOCOL_BW_FACTOR[p]
+        if p is Protocol.LL:
+            algbw = min(algbw, ll_max / 2)
+        hop = HOP_LATENCY_S[intra][Algorithm.TREE][i]
+        net = HOP_LATENCY_S["net"][Algorithm.TREE][i] + net_hop * (2 if p is Protocol.SIMPLE else 1)
+        latency = overhead + BASE_LATENCY_S[Algorithm.TREE][i] + 2 * ((ppn - 1) * hop + depth * net)
+        out.append(NcclEstimate(Algorithm.TREE, p, latency, algbw))
+    if view.nvls and ppn > 1:
+        # Each GPU sends its buffer to the switch and receives the reduced buffer once (plus its
+        # own shard's round trip): algbw <= B / (1 + 1/ppn) inside a machine.
+        nvls_algbw = view.gpu_bw_bytes_per_s * calibration.nvls_efficiency / (1 + 1 / ppn)
+        i = list(Protocol).index(Protocol.SIMPLE)
+        if machines == 1:
+            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][i]
+            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw))
+        else:
+            net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][i] + 2 * net_hop
+            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][i] + 2 * depth * net
+            out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, min(nvls_algbw, tree_net_algbw)))
+    return tuple(out)
+
+
+def nccl_time(view: NcclView, collective: Collective, size_bytes: float, calibration: Calibration = CALIBRATION) -> NcclEstimate:
+    """The fastest of :func:`nccl_estimates` at ``size_bytes``: what NCCL's tuner picks.
+
+    Raises
+    ------
+    ValueError
+        For fewer than two ranks or a size that is not positive.
+    """
+    if not size_bytes > 0:
+        raise ValueError(f"size must be > 0 bytes, got {size_bytes}")
+    estimates = nccl_estimates(view, collective, calibration)
+    if not estimates:
+        raise ValueError("NCCL's model needs two ranks or more")
+    return min(estimates, key=lambda e: e.time_s(size_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class NcclNative:
+    """NCCL's own collectives on some ranks, as the planner's native model
+    (:class:`topocoll.solver.planner.NativeModel`).
+
+    Attributes
+    ----------
+    view : NcclView
+    calibration : Calibration
+
+    Examples
+    --------
+    >>> from topocoll.topo.presets import build_preset
+    >>> h100 = build_preset("dgx-h100")
+    >>> nccl = NcclNative(nccl_view(h100, h100.compute_nodes()))
+    >>> round(nccl.time_s(Collective.ALLREDUCE, 1 << 30) * 1e3, 1)  # ms, NVLS; Azure's NDv5 table: 4.0 (466 GB/s busbw)
+    4.3
+    """
+
+    view: NcclView
+    calibration: Calibration = CALIBRATION
+
+    @property
+    def call_overhead_s(self) -> float:
+        """The fixed cost of one call on these GPUs (:meth:`Calibration.overhead_s`)."""
+        return self.calibration.overhead_s(self.view.sm)
+
+    @property
+    def p2p_efficiency(self) -> float:
+        """The share of a link that NCCL's point-to-point copies reach: its rings' (a ring step
+        is one such copy between neighbours), :attr:`Calibration.ring_efficiency`."""
+        return self.calibration.ring_efficiency
+
+    def time_s(self, collective: Collective, size_bytes: float) -> float:
+        """Predicted time of NCCL's ``collective`` of ``size_bytes`` (:func:`nccl_time`)."""
+        return nccl_time(self.view, collective, size_bytes, self.calibration).time_s(size_bytes)
+
+    def algbw_bytes_per_s(self, collective: Collective) -> float:
+        """NCCL's best algorithm bandwidth for ``collective``: what large sizes approach."""
+        return max(e.algbw_bytes_per_s for e in nccl_estimates(self.view, collective, self.calibration))
+
+
+def nccl_native(topology: Topology, ranks: Sequence[str], network_latency_s: float = 0.0) -> NcclNative | None:
+    """NCCL's model for ``ranks``, or None where NCCL would not run them (ranks that are not GPUs)."""
+    if any(topology.node(r).kind is not NodeKind.GPU for r in ranks):
+        return None
+    return NcclNative(nccl_view(topology, ranks, network_latency_s))
