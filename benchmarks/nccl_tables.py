@@ -17,6 +17,11 @@ over measured busbw (a robust loss, so that one odd table cannot pull the rest).
 table with small sizes also fits its network's latency (a property of that network, which
 ``topocoll topo probe`` measures). To show how the model does on a machine it has not seen,
 every table is also predicted by a fit to the *other* tables ("held out").
+
+Then topocoll itself, as a ``topo`` group on CUDA would run it (``topocoll simulate --nccl``):
+its planner's schedules, each paying NCCL's fixed cost per call and reaching NCCL's share of
+each link, or NCCL's own allreduce at the sizes where that is predicted faster; on the tables'
+machines and on machines where the topology is uneven (a PCIe box, partial allocations).
 """
 
 from __future__ import annotations
@@ -203,6 +208,80 @@ def evaluate(tables: list[Table]) -> dict:
     return {"calibration": dict(zip((p[0] for p in PARAMETERS), values)), "tables": results}
 
 
+#: Machines where the topology is uneven, beside the tables' ones: (label, preset, GPUs taken).
+UNEVEN = (
+    ("8-GPU PCIe box (two sockets, two PCIe switches each)", "pcie-8gpu", 8),
+    ("5 GPUs of a DGX-1 (NVLink hybrid cube-mesh)", "dgx1-v100", 5),
+    ("5 GPUs of a DGX A100", "dgx-a100", 5),
+    ("3 GPUs of a DGX H100", "dgx-h100", 3),
+)
+UNEVEN_SIZES = tuple(1 << k for k in range(10, 34, 3))
+
+
+def against_nccl(label: str, topology, ranks, sizes) -> dict:
+    """topocoll on NCCL against NCCL's own allreduce, by the calibrated model, at ``sizes``."""
+    from topocoll.bench.simulate_cli import simulate_report
+    from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S
+    from topocoll.solver.schedule import Collective
+
+    report = simulate_report(
+        topology, Collective.ALLREDUCE, tuple(ranks), list(sizes), baselines=(), per_message_overhead_s=DEFAULT_PER_MESSAGE_OVERHEAD_S,
+        model="auto", nccl=True,
+    )
+    handed = set(report.config["nccl_model"]["handed_to_nccl_sizes_bytes"])
+    picks = report.config["topocoll_schedule_per_size"]
+    rows = [{
+        "size_bytes": row.size_bytes,
+        "topocoll_busbw_bytes_per_s": row.results[0].busbw_bytes_per_s,
+        "nccl_busbw_bytes_per_s": row.results[-1].busbw_bytes_per_s,
+        "speedup": row.results[-1].time_s / row.results[0].time_s,
+        "runs": "NCCL" if row.size_bytes in handed else picks[str(row.size_bytes)],
+    } for row in report.rows]
+    return {"machine": label, "gpus": len(ranks), "rows": rows}
+
+
+def comparisons(tables: list[Table]) -> list[dict]:
+    from topocoll.topo.presets import build_preset
+
+    out = []
+    for (name, what, machine), table in zip(MACHINES, tables):
+        print(f"  topocoll vs NCCL: {what} ...", file=sys.stderr, flush=True)
+        topology = build(machine)
+        out.append(against_nccl(what, topology, topology.compute_nodes(), [size for size, _ in table.measured]))
+    for label, preset, gpus in UNEVEN:
+        print(f"  topocoll vs NCCL: {label} ...", file=sys.stderr, flush=True)
+        topology = build_preset(preset)
+        out.append(against_nccl(label, topology, topology.compute_nodes()[:gpus], UNEVEN_SIZES))
+    return out
+
+
+def comparison_markdown(rows: list[dict]) -> list[str]:
+    lines = [
+        "## topocoll on NCCL against NCCL (predicted)",
+        "",
+        "`topocoll simulate --nccl`'s rule: each schedule pays NCCL's fixed cost per call and reaches NCCL's share of each "
+        "link (the ring efficiency above); topocoll runs NCCL's own allreduce where that is predicted faster. "
+        "speedup = NCCL's predicted time / topocoll's; \"runs\" is what topocoll runs at that size.",
+        "",
+        "| machine | GPUs | least speedup | most speedup | sizes handed to NCCL |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for c in rows:
+        speedups = [r["speedup"] for r in c["rows"]]
+        handed = sum(r["runs"] == "NCCL" for r in c["rows"])
+        lines.append(f"| {c['machine']} | {c['gpus']} | {min(speedups):.2f}x | {max(speedups):.2f}x | {handed} of {len(speedups)} |")
+    lines.append("")
+    for c in rows:
+        lines += [f"### {c['machine']}", "", "| size | topocoll busbw | NCCL busbw | speedup | runs |", "|---:|---:|---:|---:|---|"]
+        for r in c["rows"]:
+            lines.append(
+                f"| {r['size_bytes']} | {r['topocoll_busbw_bytes_per_s'] / 1e9:.2f} | {r['nccl_busbw_bytes_per_s'] / 1e9:.2f} | "
+                f"{r['speedup']:.2f}x | {r['runs']} |"
+            )
+        lines.append("")
+    return lines
+
+
 def _within(rows: list[dict], key: str) -> int:
     return sum(abs(r[key]) <= 100 * WITHIN for r in rows)
 
@@ -259,6 +338,7 @@ def markdown(report: dict, command: str) -> str:
                 f"{r['error_percent']:+.0f} % | {r['algorithm']} | {r['held_out_busbw_bytes_per_s'] / 1e9:.2f} | {r['held_out_error_percent']:+.0f} % |"
             )
         lines.append("")
+    lines += comparison_markdown(report.get("against_nccl", []))
     return "\n".join(lines)
 
 
@@ -267,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "nccl_tables", help="output path without extension")
     args = parser.parse_args(argv)
     print("fitting the model of NCCL to the tables (all, then each held out) ...", file=sys.stderr, flush=True)
-    report = evaluate(load_tables())
+    tables = load_tables()
+    report = evaluate(tables)
+    report["against_nccl"] = comparisons(tables)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     text = markdown(report, "python benchmarks/nccl_tables.py")

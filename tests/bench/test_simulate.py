@@ -201,3 +201,39 @@ def test_the_in_switch_bound_is_said_where_it_passes_the_cut(capsys, tmp_path):
                                      "--baselines", "none", "--ranks", "gpu0,gpu1", "-J", str(out_json)])
     assert status == 0, err
     assert "In-switch" not in out  # two GPUs: up and down costs more than one exchange
+
+
+def test_nccl_series_and_hand_over(capsys, tmp_path):
+    """--nccl adds NCCL's own allreduce by the calibrated model, runs the schedules as on NCCL,
+    and topocoll's series hands the sizes where NCCL is faster to it: never slower than NCCL."""
+    from topocoll.solver.metrics import bus_factor
+    from topocoll.solver.nccl_model import nccl_native
+    from topocoll.solver.schedule import Collective
+    from topocoll.topo.presets import build_preset
+
+    topology = build_preset("pcie-8gpu")
+    path = tmp_path / "pcie.json"
+    path.write_text(topology.to_json())
+    status, out, _ = _run(capsys, ["simulate", "--topology", str(path), "--collective", "allreduce", "--sizes", "1K:1G:32",
+                                   "--baselines", "ring", "--nccl", "-J", str(tmp_path / "s.json")])
+    assert status == 0
+    rows = parse_table(out, 3, with_wrong=False)
+    model = nccl_native(topology, topology.compute_nodes())
+    factor = bus_factor(Collective.ALLREDUCE, 8)
+    for r in rows:
+        expected_s = model.time_s(Collective.ALLREDUCE, r["size"])
+        assert r["g2_time"] == pytest.approx(expected_s * 1e6, rel=1e-3, abs=0.011)
+        assert r["g2_busbw"] == pytest.approx(r["size"] / expected_s * factor / 1e9, rel=1e-3, abs=0.011)
+        assert r["g0_time"] <= r["g2_time"] * (1 + 1e-3)  # handed over, or faster
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["series"] == ["topocoll", "ring", "nccl"]
+    handed = data["config"]["nccl_model"]["handed_to_nccl_sizes_bytes"]
+    assert handed and rows[0]["size"] in handed  # 1 KiB: NCCL's LL beats any schedule's steps
+    # at 1 GiB the PCIe box gains: synthesized trees over both sockets beat NCCL's ring
+    assert rows[-1]["size"] not in handed and rows[-1]["g0_time"] < 0.8 * rows[-1]["g2_time"]
+    assert "topocoll hands the collective to NCCL at: " in out
+
+
+def test_nccl_series_needs_gpus(capsys, flat4):
+    status, _, err = _run(capsys, ["simulate", "--topology", str(flat4), "--collective", "allreduce", "--nccl"])
+    assert status == 2 and "GPU" in err and "Traceback" not in err

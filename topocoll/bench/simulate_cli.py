@@ -32,6 +32,7 @@ DEFAULT_BASELINES = ("ring", "multichannel_ring", "double_binary_tree", "hierarc
 """The baselines compared by default (names of :data:`topocoll.solver.baselines.BASELINES`)."""
 
 TOPOCOLL_LABEL = "topocoll"
+NCCL_LABEL = "nccl"
 
 MODELS = ("auto", "events", "alpha-beta")
 """``--model`` choices."""
@@ -80,6 +81,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model", default="auto", metavar="{" + ",".join(MODELS) + "}",
         help="events: messages as flows sharing links, each started when its data arrived; alpha-beta: steps in lock step; "
         "auto (default): events where affordable, else alpha-beta",
+    )
+    parser.add_argument(
+        "--nccl", action="store_true",
+        help="add NCCL's own collective (topocoll's calibrated model of its ring, tree and NVLS algorithms) and run every "
+        "schedule as on NCCL: NCCL's fixed cost per call, NCCL's share of each link, and topocoll handing allreduce and "
+        "allgather to NCCL where NCCL is predicted faster (GPU ranks only)",
     )
     parser.add_argument("--png", metavar="FILE", help="draw the topology with the link load of topocoll's schedule at the largest size (PNG)")
     parser.add_argument("-J", "--json", metavar="FILE", help="write the predictions as JSON")
@@ -151,6 +158,7 @@ def simulate_report(
     config: dict[str, Any] | None = None,
     make_candidates: Callable[..., tuple[Any, ...]] = planned_candidates,
     model: str = "alpha-beta",
+    nccl: bool = False,
 ) -> Any:
     """Predict the benchmark table for topocoll's schedule and the baselines.
 
@@ -180,6 +188,12 @@ def simulate_report(
         topocoll's schedule from.
     model : str
         ``"events"``, ``"alpha-beta"`` or ``"auto"`` (see :data:`EVENT_MODEL_BUDGET`).
+    nccl : bool
+        Add NCCL's own collective (:mod:`topocoll.solver.nccl_model`) as the series ``nccl``,
+        and run every schedule on NCCL as the CUDA planner does: each pays NCCL's fixed cost
+        per call and reaches NCCL's share of each link, and topocoll's series hands the
+        collective to NCCL at the sizes where NCCL is predicted faster (for the collectives a
+        ``topo`` group hands over). The ranks must be GPUs.
 
     Returns
     -------
@@ -194,8 +208,10 @@ def simulate_report(
     from topocoll.solver.bound import cut_bound, in_network_bound
     from topocoll.solver.alpha_beta import simulate
     from topocoll.solver.events import event_sweep
+    from topocoll.solver.metrics import algbw_bytes_per_s, busbw_bytes_per_s
     from topocoll.solver.planner import choose, max_network_flows_per_link
     from topocoll.solver.request import check_request
+    from topocoll.solver.verify import verify
 
     spec = COLLECTIVES[collective]
     dtype_name = canonical_dtype_name(dtype_name)
@@ -206,6 +222,15 @@ def simulate_report(
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise ScheduleError(f"unknown baseline {unknown[0]!r}; expected some of {', '.join(BASELINES)}")
+    native = None
+    if nccl:
+        from topocoll.collectives.schedule_source import NCCL_NATIVE_COLLECTIVES
+        from topocoll.solver.nccl_model import nccl_native
+
+        native = nccl_native(topology, ranks)
+        if native is None:
+            raise ScheduleError("--nccl models NCCL's collectives, which run on GPUs: the ranks are not all GPUs")
+        hands_over = schedule is None and collective in NCCL_NATIVE_COLLECTIVES
     candidates = (schedule,) if schedule is not None else make_candidates(topology, collective, ranks, root, per_message_overhead_s)
     baseline_schedules: list[tuple[str, Any]] = []
     for name in baselines:
@@ -225,24 +250,46 @@ def simulate_report(
             return event_sweep(sched, topology, effective, per_message_overhead_s)
         return simulate(sched, topology, effective, per_message_overhead_s)
 
-    def predict(sched: Any) -> list[Measurement]:
-        return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points_of(sched)]
+    def measured(size: int, time_s: float) -> Measurement:
+        return Measurement(time_s, algbw_bytes_per_s(size, time_s), busbw_bytes_per_s(collective, size, time_s, n))
+
+    def on_nccl(sched: Any, points: Sequence[Any]) -> list[Measurement]:
+        # the planner's rule for schedules run on NCCL (topocoll.solver.planner.predict_times)
+        t_bw = verify(sched, topology).t_bw_s_per_byte
+        out = []
+        for size, p in zip(effective, points):
+            bandwidth = t_bw * size
+            out.append(measured(size, native.call_overhead_s + max(0.0, p.time_s - bandwidth) + bandwidth / native.p2p_efficiency))
+        return out
+
+    def predict(sched: Any, points: Sequence[Any] | None = None) -> list[Measurement]:
+        points = points if points is not None else points_of(sched)
+        if native is not None:
+            return on_nccl(sched, points)
+        return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points]
 
     # topocoll's series: at each size the candidate the planner's rule picks
     candidate_points = [points_of(c) for c in candidates]
-    per_candidate = [[Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points] for points in candidate_points]
+    per_candidate = [predict(c, points) for c, points in zip(candidates, candidate_points)]
     flows = [max_network_flows_per_link(c, topology) for c in candidates]
     steps = [len(c.steps) for c in candidates]
+    nccl_column = [measured(size, native.time_s(collective, size)) for size in effective] if native is not None else []
     chosen: list[Any] = []
     topocoll_column: list[Measurement] = []
+    handed: list[int] = []
     for i in range(len(effective)):
         best = choose([per_candidate[k][i].time_s for k in range(len(candidates))], flows, steps)
         chosen.append(candidates[best])
         topocoll_column.append(per_candidate[best][i])
         last_point = candidate_points[best][i]
+        if native is not None and hands_over and nccl_column[i].time_s < topocoll_column[i].time_s:
+            topocoll_column[i] = nccl_column[i]  # the group hands this size to NCCL
+            handed.append(effective[i])
     columns: list[list[Measurement | None]] = [list(topocoll_column)]
     for _name, sched in baseline_schedules:
         columns.append(list(predict(sched)) if sched is not None else [None] * len(effective))
+    if native is not None:
+        columns.append(list(nccl_column))
     predicted = list(zip(*columns)) if effective else []
     bound = cut_bound(topology, collective, ranks, root)
     rows = tuple(
@@ -271,6 +318,13 @@ def simulate_report(
         "speedup = fastest baseline time / topocoll time; bound = cut-bound algbw; %bound = topocoll algbw / bound",
         "Predicted, not measured: " + MODEL_CAVEATS[model],
     )
+    if native is not None:
+        header += (
+            f"nccl: NCCL's own collective by topocoll's calibrated model ({native.view.machines} machine(s), "
+            f"{'NVLS, ' if native.view.nvls else ''}fixed cost {native.call_overhead_s * 1e6:.1f} us per call); schedules run on NCCL: "
+            f"each pays that cost and reaches {native.p2p_efficiency:.0%} of each link, as NCCL's rings do",
+            "topocoll hands the collective to NCCL at: " + (", ".join(f"{size}" for size in handed) if handed else "no size"),
+        )
     in_switch = in_network_bound(topology, collective, ranks)
     if in_switch is not None and in_switch.algbw_bytes_per_s <= bound.algbw_bytes_per_s:
         in_switch = None  # no faster than point-to-point (two GPUs): nothing to say
@@ -290,6 +344,10 @@ def simulate_report(
         "busiest_links": busiest_links(chosen[-1], topology, effective[-1], per_message_overhead_s, model, last_point) if effective else [],
         "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
         "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
+        "nccl_model": (
+            {"handed_to_nccl_sizes_bytes": handed, "call_overhead_s": native.call_overhead_s, "p2p_efficiency": native.p2p_efficiency}
+            if native is not None else None
+        ),
         "in_switch_bound": (
             {"mechanism": in_switch.mechanism, "algbw_bytes_per_s": in_switch.algbw_bytes_per_s} if in_switch is not None else None
         ),
@@ -299,7 +357,7 @@ def simulate_report(
         kind="simulate",
         collective=collective,
         world_size=n,
-        series=(TOPOCOLL_LABEL, *(label for label, _ in baseline_schedules)),
+        series=(TOPOCOLL_LABEL, *(label for label, _ in baseline_schedules), *((NCCL_LABEL,) if native is not None else ())),
         rows=rows,
         header=header,
         config=settings,
@@ -445,6 +503,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         dtype_name=args.datatype,
         per_message_overhead_s=overhead_s,
         model=args.model,
+        nccl=args.nccl,
     )
     links = report.config["busiest_links"]
     largest = report.rows[-1].size_bytes if report.rows else 0
