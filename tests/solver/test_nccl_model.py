@@ -219,3 +219,18 @@ def test_schedules_are_held_to_nccls_efficiency_and_fixed_cost():
         expected = model.call_overhead_s + max(0.0, before.predicted_time_s - bandwidth) + bandwidth / model.p2p_efficiency
         assert after.predicted_time_s == pytest.approx(expected)
     assert held.chosen.predicted_time_s < native.predicted_time_s
+
+
+def test_no_model_where_the_graph_does_not_say_how_machines_connect():
+    """Two machines of one GPU each and no NIC (as a CUDA group over sockets may describe
+    itself): the CUDA planner plans without NCCL's model instead of failing."""
+    from topocoll.topo.model import Link, Node, Topology
+
+    nodes = [Node("a", NodeKind.GPU, host_id="h0", sm=90), Node("b", NodeKind.GPU, host_id="h1", sm=90), Node("cpu0", NodeKind.CPU, host_id="h0"),
+             Node("cpu1", NodeKind.CPU, host_id="h1")]
+    links = [Link("a", "cpu0", LinkKind.PCIE, 25e9), Link("cpu0", "a", LinkKind.PCIE, 25e9), Link("b", "cpu1", LinkKind.PCIE, 25e9),
+             Link("cpu1", "b", LinkKind.PCIE, 25e9), Link("cpu0", "cpu1", LinkKind.SMP, 10e9), Link("cpu1", "cpu0", LinkKind.SMP, 10e9)]
+    topology = Topology(nodes, links)
+    with pytest.raises(SolverError, match="network"):
+        nccl_view(topology, ["a", "b"])
+    assert nccl_native(topology, ["a", "b"]) is None

@@ -255,12 +255,19 @@ def simulate_report(
 
     def on_nccl(sched: Any, points: Sequence[Any]) -> list[Measurement]:
         # the planner's rule for schedules run on NCCL (topocoll.solver.planner.predict_times)
-        t_bw = verify(sched, topology).t_bw_s_per_byte
+        t_bw = t_bw_of(sched)
         out = []
         for size, p in zip(effective, points):
             bandwidth = t_bw * size
             out.append(measured(size, native.call_overhead_s + max(0.0, p.time_s - bandwidth) + bandwidth / native.p2p_efficiency))
         return out
+
+    bandwidth_times: dict[int, float] = {}
+
+    def t_bw_of(sched: Any) -> float:
+        if id(sched) not in bandwidth_times:
+            bandwidth_times[id(sched)] = verify(sched, topology).t_bw_s_per_byte
+        return bandwidth_times[id(sched)]
 
     def predict(sched: Any, points: Sequence[Any] | None = None) -> list[Measurement]:
         points = points if points is not None else points_of(sched)
@@ -273,12 +280,13 @@ def simulate_report(
     per_candidate = [predict(c, points) for c, points in zip(candidates, candidate_points)]
     flows = [max_network_flows_per_link(c, topology) for c in candidates]
     steps = [len(c.steps) for c in candidates]
+    t_bws = [t_bw_of(c) for c in candidates] if len(candidates) > 1 else None
     nccl_column = [measured(size, native.time_s(collective, size)) for size in effective] if native is not None else []
     chosen: list[Any] = []
     topocoll_column: list[Measurement] = []
     handed: list[int] = []
     for i in range(len(effective)):
-        best = choose([per_candidate[k][i].time_s for k in range(len(candidates))], flows, steps)
+        best = choose([per_candidate[k][i].time_s for k in range(len(candidates))], flows, steps, t_bw_s_per_byte=t_bws)
         chosen.append(candidates[best])
         topocoll_column.append(per_candidate[best][i])
         last_point = candidate_points[best][i]

@@ -27,6 +27,7 @@ All functions are pure; times are in seconds and bandwidths in bytes per second.
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 from topocoll.errors import SolverError
 from topocoll.solver.schedule import Collective
 from topocoll.topo.model import LinkKind, NodeKind, Topology
+
+log = logging.getLogger(__name__)
 
 #: NVLS (reduction inside the NVSwitch) needs compute capability 9.0 or later.
 NVLS_MIN_SM = 90
@@ -414,7 +417,11 @@ class NcclNative:
 
 
 def nccl_native(topology: Topology, ranks: Sequence[str], network_latency_s: float = 0.0) -> NcclNative | None:
-    """NCCL's model for ``ranks``, or None where NCCL would not run them (ranks that are not GPUs)."""
-    if any(topology.node(r).kind is not NodeKind.GPU for r in ranks):
+    """NCCL's model for ``ranks``, or None where the model does not apply: ranks that are not
+    GPUs, or a graph that does not say how they connect (a GPU without NVLink or PCIe links, a
+    machine without a network link); the reason is logged."""
+    try:
+        return NcclNative(nccl_view(topology, ranks, network_latency_s))
+    except SolverError as exc:
+        log.info("no model of NCCL's collectives here: %s", exc)
         return None
-    return NcclNative(nccl_view(topology, ranks, network_latency_s))
