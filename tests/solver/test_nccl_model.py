@@ -84,16 +84,18 @@ def test_view_of_a_pcie_box_and_a_partial_mesh():
 
 def test_ring_latencies_are_nccls_constants_times_the_hops():
     """NCCL's tuning constants (src/graph/tuning.cc), written out: ring base latency LL 6.6,
-    LL128 14, Simple 8.4 us; per NVLink hop 0.6, 1.9, 3.4 us; an allreduce ring takes 2 (n - 1) hops."""
+    LL128 14, Simple 8.4 us; per NVLink hop 0.6, 1.9, 3.4 us; an allreduce ring takes 2 (n - 1) hops;
+    all of them times the calibrated latency scale."""
     h100 = build_preset("dgx-h100")
     view = nccl_view(h100, h100.compute_nodes())
     overhead = CALIBRATION.overhead_s(90)
     estimates = by_label(nccl_estimates(view, Collective.ALLREDUCE))
+    scale = CALIBRATION.latency_scale
     for protocol, base, hop in ((Protocol.LL, 6.6, 0.6), (Protocol.LL128, 14.0, 1.9), (Protocol.SIMPLE, 8.4, 3.4)):
-        assert estimates[Algorithm.RING, protocol].latency_s == pytest.approx(overhead + (base + 14 * hop) * US)
+        assert estimates[Algorithm.RING, protocol].latency_s == pytest.approx(overhead + scale * (base + 14 * hop) * US)
     # an allgather ring takes n - 1 hops
     gather = by_label(nccl_estimates(view, Collective.ALLGATHER))
-    assert gather[Algorithm.RING, Protocol.LL].latency_s == pytest.approx(overhead + (6.6 + 7 * 0.6) * US)
+    assert gather[Algorithm.RING, Protocol.LL].latency_s == pytest.approx(overhead + scale * (6.6 + 7 * 0.6) * US)
 
 
 def test_bandwidths_follow_the_protocols_and_the_in_switch_limit():
@@ -174,7 +176,7 @@ def test_the_calibration_is_the_committed_fit_and_the_report_is_current():
     fitted = report["calibration"]
     assert CALIBRATION.overhead_s(80) == pytest.approx(fitted["call_overhead_sm80_us"] * US, abs=1e-9)
     assert CALIBRATION.overhead_s(90) == pytest.approx(fitted["call_overhead_sm90_us"] * US, abs=1e-9)
-    for name in ("ring_efficiency", "nvls_efficiency", "network_efficiency", "tree_efficiency"):
+    for name in ("ring_efficiency", "nvls_efficiency", "network_efficiency", "latency_scale"):
         assert getattr(CALIBRATION, name) == pytest.approx(fitted[name], abs=5e-4)
     # every committed prediction is what the model says today, from the tables' own files
     tables = _tables_module()
@@ -216,7 +218,8 @@ def test_schedules_are_held_to_nccls_efficiency_and_fixed_cost():
     for before in raw.candidates:
         after = held.candidate(before.name)
         bandwidth = before.t_bw_s_per_byte * 64 * MIB
-        expected = model.call_overhead_s + max(0.0, before.predicted_time_s - bandwidth) + bandwidth / model.p2p_efficiency
+        latency = max(0.0, before.predicted_time_s - bandwidth) * model.latency_factor
+        expected = model.call_overhead_s + latency + bandwidth / model.p2p_efficiency
         assert after.predicted_time_s == pytest.approx(expected)
     assert held.chosen.predicted_time_s < native.predicted_time_s
 

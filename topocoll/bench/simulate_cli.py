@@ -259,7 +259,8 @@ def simulate_report(
         out = []
         for size, p in zip(effective, points):
             bandwidth = t_bw * size
-            out.append(measured(size, native.call_overhead_s + max(0.0, p.time_s - bandwidth) + bandwidth / native.p2p_efficiency))
+            latency = max(0.0, p.time_s - bandwidth) * native.latency_factor
+            out.append(measured(size, native.call_overhead_s + latency + bandwidth / native.p2p_efficiency))
         return out
 
     bandwidth_times: dict[int, float] = {}
@@ -330,7 +331,8 @@ def simulate_report(
         header += (
             f"nccl: NCCL's own collective by topocoll's calibrated model ({native.view.machines} machine(s), "
             f"{'NVLS, ' if native.view.nvls else ''}fixed cost {native.call_overhead_s * 1e6:.1f} us per call); schedules run on NCCL: "
-            f"each pays that cost and reaches {native.p2p_efficiency:.0%} of each link, as NCCL's rings do",
+            f"each pays that cost, reaches {native.p2p_efficiency:.0%} of each link, as NCCL's rings do, and its latencies "
+            f"x {native.latency_factor:.2f}, as NCCL's own",
             "topocoll hands the collective to NCCL at: " + (", ".join(f"{size}" for size in handed) if handed else "no size"),
         )
     in_switch = in_network_bound(topology, collective, ranks)
@@ -353,7 +355,8 @@ def simulate_report(
         "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
         "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
         "nccl_model": (
-            {"handed_to_nccl_sizes_bytes": handed, "call_overhead_s": native.call_overhead_s, "p2p_efficiency": native.p2p_efficiency}
+            {"handed_to_nccl_sizes_bytes": handed, "call_overhead_s": native.call_overhead_s, "p2p_efficiency": native.p2p_efficiency,
+             "latency_factor": native.latency_factor}
             if native is not None else None
         ),
         "in_switch_bound": (

@@ -109,20 +109,22 @@ class Calibration:
         Fixed cost of one collective call by GPU generation (the compute capability rounded
         down to a multiple of 10): kernel launch, NCCL's enqueue, the benchmark's loop.
     ring_efficiency : float
-        Share of the ring's limit (the narrowest GPU's bandwidth) that NCCL's ring reaches.
+        Share of the ring's limit (the narrowest GPU's bandwidth) that NCCL's ring reaches; the
+        chains of its trees inside a machine, made of the same copies, reach it too.
     nvls_efficiency : float
         Share of the in-switch limit that NVLS reaches.
     network_efficiency : float
         Share of a machine's network bandwidth that traffic between machines reaches.
-    tree_efficiency : float
-        Share of the chain's limit that a tree reaches inside a machine.
+    latency_scale : float
+        Factor on NCCL's published base and per-hop latencies (its tuner's figures, not
+        measurements): what the tables show of them on real machines, launch included.
     """
 
     call_overhead_s: dict[int, float]
     ring_efficiency: float
     nvls_efficiency: float
     network_efficiency: float
-    tree_efficiency: float
+    latency_scale: float = 1.0
 
     def overhead_s(self, sm: int | None) -> float:
         """The fixed cost per call for GPUs of compute capability ``sm`` (the nearest known)."""
@@ -133,11 +135,11 @@ class Calibration:
 
 #: The calibration fitted by ``benchmarks/nccl_tables.py`` (its report gives every residual).
 CALIBRATION = Calibration(
-    call_overhead_s={80: 26.828 * US, 90: 14.868 * US},
-    ring_efficiency=0.716,
-    nvls_efficiency=0.633,
-    network_efficiency=0.775,
-    tree_efficiency=0.583,
+    call_overhead_s={80: 11.914 * US, 90: 0.000 * US},
+    ring_efficiency=0.736,
+    nvls_efficiency=0.643,
+    network_efficiency=0.783,
+    latency_scale=1.979,
 )
 
 
@@ -303,6 +305,7 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
     ppn = view.ranks_per_machine
     sm = view.sm or 0
     overhead = calibration.overhead_s(view.sm)
+    scale = calibration.latency_scale
     net_hop = view.network_latency_s
     allreduce = collective is Collective.ALLREDUCE
     steps = 2 * (n - 1) if allreduce else n - 1 if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER) else n
@@ -322,16 +325,17 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         busbw = ring_busbw * PROTOCOL_BW_FACTOR[p]
         if p is Protocol.LL:
             busbw = min(busbw, ll_max)
-        hop = HOP_LATENCY_S[intra][Algorithm.RING][i]
-        net = HOP_LATENCY_S["net"][Algorithm.RING][i] + net_hop * (2 if p is Protocol.SIMPLE else 1)
-        latency = overhead + BASE_LATENCY_S[Algorithm.RING][i] + (steps - net_steps) * hop + net_steps * net
+        hop = HOP_LATENCY_S[intra][Algorithm.RING][i] * scale
+        net = HOP_LATENCY_S["net"][Algorithm.RING][i] * scale + net_hop * (2 if p is Protocol.SIMPLE else 1)
+        latency = overhead + BASE_LATENCY_S[Algorithm.RING][i] * scale + (steps - net_steps) * hop + net_steps * net
         out.append(NcclEstimate(Algorithm.RING, p, latency, busbw * bus_to_alg))
     if not allreduce:
         return tuple(out)
     # Trees: a chain inside each machine, a double binary tree between machines. Each GPU of a
-    # chain sends the buffer up and down once (algbw <= half its bandwidth); between two
-    # machines each sends and receives the buffer once, between more, up to twice.
-    chain_algbw = view.gpu_bw_bytes_per_s * calibration.tree_efficiency / 2 if ppn > 1 else math.inf
+    # chain sends the buffer up and down once (algbw <= half its bandwidth), by the same copies
+    # between neighbours as a ring's; between two machines each sends and receives the buffer
+    # once, between more, up to twice.
+    chain_algbw = view.gpu_bw_bytes_per_s * calibration.ring_efficiency / 2 if ppn > 1 else math.inf
     tree_net_algbw = network_bw * (1.0 if machines <= 2 else 0.5)
     depth = math.ceil(math.log2(machines)) if machines > 1 else 0
     for p in protocols:
@@ -339,9 +343,9 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         algbw = min(chain_algbw, tree_net_algbw) * PROTOCOL_BW_FACTOR[p]
         if p is Protocol.LL:
             algbw = min(algbw, ll_max / 2)
-        hop = HOP_LATENCY_S[intra][Algorithm.TREE][i]
-        net = HOP_LATENCY_S["net"][Algorithm.TREE][i] + net_hop * (2 if p is Protocol.SIMPLE else 1)
-        latency = overhead + BASE_LATENCY_S[Algorithm.TREE][i] + 2 * ((ppn - 1) * hop + depth * net)
+        hop = HOP_LATENCY_S[intra][Algorithm.TREE][i] * scale
+        net = HOP_LATENCY_S["net"][Algorithm.TREE][i] * scale + net_hop * (2 if p is Protocol.SIMPLE else 1)
+        latency = overhead + BASE_LATENCY_S[Algorithm.TREE][i] * scale + 2 * ((ppn - 1) * hop + depth * net)
         out.append(NcclEstimate(Algorithm.TREE, p, latency, algbw))
     if view.nvls and ppn > 1:
         # Each GPU sends its buffer to the switch and receives the reduced buffer once (plus its
@@ -349,11 +353,11 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         nvls_algbw = view.gpu_bw_bytes_per_s * calibration.nvls_efficiency / (1 + 1 / ppn)
         i = list(Protocol).index(Protocol.SIMPLE)
         if machines == 1:
-            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][i]
+            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][i] * scale
             out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw))
         else:
-            net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][i] + 2 * net_hop
-            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][i] + 2 * depth * net
+            net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][i] * scale + 2 * net_hop
+            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][i] * scale + 2 * depth * net
             out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, min(nvls_algbw, tree_net_algbw)))
     return tuple(out)
 
@@ -390,7 +394,7 @@ class NcclNative:
     >>> h100 = build_preset("dgx-h100")
     >>> nccl = NcclNative(nccl_view(h100, h100.compute_nodes()))
     >>> round(nccl.time_s(Collective.ALLREDUCE, 1 << 30) * 1e3, 1)  # ms, NVLS; Azure's NDv5 table: 4.0 (466 GB/s busbw)
-    4.3
+    4.2
     """
 
     view: NcclView
@@ -406,6 +410,12 @@ class NcclNative:
         """The share of a link that NCCL's point-to-point copies reach: its rings' (a ring step
         is one such copy between neighbours), :attr:`Calibration.ring_efficiency`."""
         return self.calibration.ring_efficiency
+
+    @property
+    def latency_factor(self) -> float:
+        """:attr:`Calibration.latency_scale`: schedules are priced with NCCL's published
+        per-message latency, which the tables show to be that much too small."""
+        return self.calibration.latency_scale
 
     def time_s(self, collective: Collective, size_bytes: float) -> float:
         """Predicted time of NCCL's ``collective`` of ``size_bytes`` (:func:`nccl_time`)."""

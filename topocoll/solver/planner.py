@@ -111,6 +111,12 @@ class NativeModel(Protocol):
         a schedule's bandwidth time is divided by."""
         ...
 
+    @property
+    def latency_factor(self) -> float:
+        """What the backend's real latencies are of the figures the schedules are priced with
+        (per-message overheads, path latencies), which a schedule's latency time is multiplied by."""
+        ...
+
     def time_s(self, collective: Collective, size_bytes: float) -> float:
         """Predicted time of the backend's own ``collective`` of ``size_bytes``."""
         ...
@@ -330,7 +336,8 @@ def predict_times(
 
     With a ``native_model``, the :data:`NATIVE` candidate takes its time from it, and every other
     candidate is held to the same backend: its bandwidth time (``t_bw`` x size) is divided by
-    the model's point-to-point efficiency, and it pays the fixed cost per call on top.
+    the model's point-to-point efficiency, the rest of its time (latency) multiplied by the
+    model's latency factor, and it pays the fixed cost per call on top.
     """
     if native_model is None:
         return _predict_schedules(candidates, topology, size_bytes, per_message_overhead_s)
@@ -342,7 +349,7 @@ def predict_times(
     for i, c in zip(scheduled, timed):
         bandwidth_s = c.t_bw_s_per_byte * size_bytes
         latency_s = max(0.0, c.predicted_time_s - bandwidth_s)
-        on_backend = native_model.call_overhead_s + latency_s + bandwidth_s / native_model.p2p_efficiency
+        on_backend = native_model.call_overhead_s + latency_s * native_model.latency_factor + bandwidth_s / native_model.p2p_efficiency
         out[i] = dataclasses.replace(c, predicted_time_s=on_backend)
     for i, c in enumerate(candidates):
         if c.name == NATIVE:
