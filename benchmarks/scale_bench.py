@@ -17,7 +17,10 @@ the child builds the cluster, plans an allreduce at 1 GiB (:func:`plan_collectiv
 - ``verify_s``: reading the compact file's text and verifying it (what ``topocoll verify``
   spends beyond starting up, loading the topology and computing the bound);
 - ``busbw``: predicted busbw at 1 GiB of the chosen schedule and of every other candidate the
-  planner built (the model the plan used: the event simulator where affordable, else α-β).
+  planner built (the model the plan used: the event simulator where affordable, else α-β);
+- ``nccl_busbw`` and ``chosen_on_nccl_busbw``: NCCL's own allreduce by topocoll's calibrated
+  model of it (:mod:`topocoll.solver.nccl_model`), and the chosen schedule run on NCCL as the
+  CUDA planner prices it (NCCL's fixed cost per call, link share and latency factor).
 
 8192 GPUs are not run: the planner refuses them before synthesis (their verification would need
 more memory than it allows; see the README's known limits).
@@ -44,6 +47,7 @@ NETWORKS = (("rail", {"network": "rail"}), ("fat-tree 2:1", {"network": "fat-tre
 def run_case(network: str, nodes: int) -> dict:
     """One case in this process (the ``--worker`` side)."""
     from topocoll.solver.metrics import bus_factor
+    from topocoll.solver.nccl_model import nccl_native, nccl_time
     from topocoll.solver.planner import plan_collective
     from topocoll.solver.schedule import Collective, Schedule
     from topocoll.solver.verify import verify
@@ -63,6 +67,11 @@ def run_case(network: str, nodes: int) -> dict:
     checked = verify(Schedule.from_json(compact), topology, size_bytes=SIZE_BYTES)
     verify_s = time.perf_counter() - started
     checked.raise_if_failed()
+    nccl = nccl_native(topology, plan.schedule.ranks)
+    bandwidth_s = plan.chosen.t_bw_s_per_byte * SIZE_BYTES
+    on_nccl_s = (
+        nccl.call_overhead_s + max(0.0, plan.chosen.predicted_time_s - bandwidth_s) * nccl.latency_factor + bandwidth_s / nccl.p2p_efficiency
+    )
     return {
         "network": network,
         "gpus": n,
@@ -77,6 +86,9 @@ def run_case(network: str, nodes: int) -> dict:
         "model": plan.model,
         "bound_busbw": SIZE_BYTES / plan.bound.time_s(SIZE_BYTES) * factor / 1e9,
         "busbw": busbw,
+        "nccl_busbw": SIZE_BYTES / nccl.time_s(Collective.ALLREDUCE, SIZE_BYTES) * factor / 1e9,
+        "nccl_algorithm": nccl_time(nccl.view, Collective.ALLREDUCE, SIZE_BYTES).label,
+        "chosen_on_nccl_busbw": SIZE_BYTES / on_nccl_s * factor / 1e9,
     }
 
 
@@ -90,6 +102,11 @@ def markdown(rows: list[dict], command: str) -> str:
         f"Allreduce planned at {SIZE_BYTES >> 30} GiB; % = cut bound / the chosen schedule's bandwidth time; "
         "busbw predicted at that size by the plan's model (GB/s, nccl-tests' definition).",
         "",
+        "Against NCCL (the second table): NCCL's own allreduce by topocoll's calibrated model of it "
+        "(`benchmarks/results/nccl_tables.md`), and the chosen schedule run on NCCL as the CUDA planner prices it "
+        "(NCCL's fixed cost per call, its share of each link, its latency factor); where NCCL is faster, a `topo` "
+        "group on CUDA hands the allreduce to NCCL.",
+        "",
         "| network | GPUs | plan s | peak MB | chosen | % of bound | transfers | JSON MB (format 1) | compact MB (format 2) | read + verify s | model | bound busbw | chosen busbw | other candidates' busbw |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -101,6 +118,18 @@ def markdown(rows: list[dict], command: str) -> str:
         lines.append(
             f"| {r['network']} | {r['gpus']} | {r['plan_s']:.1f} | {r['peak_mb']:.0f} | {r['chosen']} | {r['pct']:.2f} | "
             f"{r['transfers']} | {r['json_mb']:.1f} | {r['compact_mb']:.1f} | {r['verify_s']:.1f} | {r['model']} | {r['bound_busbw']:.1f} | {r['busbw'][r['chosen']]:.1f} | {others} |"
+        )
+    lines += [
+        "",
+        "| network | GPUs | NCCL (model) busbw | NCCL's algorithm | chosen on NCCL busbw | topo runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r or "nccl_busbw" not in r:
+            continue
+        runs = "NCCL" if r["nccl_busbw"] >= r["chosen_on_nccl_busbw"] else r["chosen"]
+        lines.append(
+            f"| {r['network']} | {r['gpus']} | {r['nccl_busbw']:.1f} | {r['nccl_algorithm']} | {r['chosen_on_nccl_busbw']:.1f} | {runs} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -237,3 +237,47 @@ def test_no_model_where_the_graph_does_not_say_how_machines_connect():
     with pytest.raises(SolverError, match="network"):
         nccl_view(topology, ["a", "b"])
     assert nccl_native(topology, ["a", "b"]) is None
+
+
+def test_allgather_adds_nvls_on_one_machine_and_pat_with_one_gpu_per_machine():
+    h100 = build_preset("dgx-h100")
+    one = {e.algorithm for e in nccl_estimates(nccl_view(h100, h100.compute_nodes()), Collective.ALLGATHER)}
+    assert one == {Algorithm.RING, Algorithm.NVLS}
+    cluster = make_cluster("dgx-h100", 4, nics_per_node=8, nic_bw_bytes_per_s=50e9)
+    firsts = [r for r in cluster.compute_nodes() if r.endswith(".gpu0")]
+    spread = nccl_view(cluster, firsts)
+    assert (spread.ranks, spread.machines) == (4, 4)
+    pat = by_label(nccl_estimates(spread, Collective.REDUCE_SCATTER))[Algorithm.PAT, Protocol.SIMPLE]
+    ring = by_label(nccl_estimates(spread, Collective.REDUCE_SCATTER))[Algorithm.RING, Protocol.SIMPLE]
+    # NCCL: PAT at 3/4 of the rings' bus bandwidth (a ring's algbw is its busbw x n / (n - 1))
+    assert pat.algbw_bytes_per_s == pytest.approx(0.75 * ring.algbw_bytes_per_s * 3 / 4)
+    assert Algorithm.PAT not in {e.algorithm for e in nccl_estimates(nccl_view(cluster, cluster.compute_nodes()), Collective.ALLGATHER)}
+    assert Algorithm.PAT not in {e.algorithm for e in nccl_estimates(spread, Collective.ALLREDUCE)}
+
+
+def test_a_machine_reaches_the_network_through_the_nics_near_its_ranks():
+    """NCCL uses the NICs under its GPUs' PCIe switches (and, over NVLink, those of the
+    machine's other ranks): one GPU per machine of a DGX H100 cluster has one NIC's bandwidth."""
+    cluster = make_cluster("dgx-h100", 4, nics_per_node=8, nic_bw_bytes_per_s=50e9)
+    firsts = [r for r in cluster.compute_nodes() if r.endswith(".gpu0")]
+    assert nccl_view(cluster, firsts).network_bw_bytes_per_s == pytest.approx(50e9)
+    pairs = [r for r in cluster.compute_nodes() if r.endswith((".gpu0", ".gpu1"))]
+    assert nccl_view(cluster, pairs).network_bw_bytes_per_s == pytest.approx(2 * 50e9)
+    assert nccl_view(cluster, cluster.compute_nodes()).network_bw_bytes_per_s == pytest.approx(8 * 50e9)
+
+
+def test_at_scale_the_native_candidate_stands_in_cheaply(monkeypatch):
+    """Beyond the planner's large-world size, NCCL's collective is still a candidate (its schedule
+    a double binary tree standing in, not a ring of N^2 transfers), so a CUDA group at scale is
+    never slower than NCCL by the model."""
+    from topocoll.solver import planner
+
+    monkeypatch.setattr(planner, "LARGE_WORLD_RANKS", 8)  # 16 ranks count as a large world
+    cluster = make_cluster("dgx-h100", 2, nics_per_node=8, nic_bw_bytes_per_s=50e9)
+    ranks = cluster.compute_nodes()
+    model = nccl_native(cluster, ranks)
+    result = plan_collective(cluster, Collective.ALLREDUCE, ranks, size_bytes=KIB, native=NATIVE_COLLECTIVES, native_model=model)
+    native = result.candidate(NATIVE)
+    assert native is not None and native.schedule.name == NATIVE
+    assert len(native.schedule.steps) < 2 * (len(ranks) - 1)  # not a ring's 2 (N - 1) steps
+    assert result.chosen.predicted_time_s <= native.predicted_time_s

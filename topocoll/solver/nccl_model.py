@@ -54,6 +54,7 @@ class Algorithm(str, enum.Enum):
     TREE = "tree"
     NVLS = "nvls"
     NVLS_TREE = "nvls_tree"
+    PAT = "pat"
 
 
 class Protocol(str, enum.Enum):
@@ -70,6 +71,7 @@ BASE_LATENCY_S = {
     Algorithm.RING: (6.6 * US, 14.0 * US, 8.4 * US),
     Algorithm.NVLS: (0.0, 0.0, 0.0),
     Algorithm.NVLS_TREE: (0.0, 0.0, 0.0),
+    Algorithm.PAT: (8.0 * US, 8.0 * US, 8.0 * US),
 }
 #: NCCL: latency per hop by link type, algorithm and protocol (LL, LL128, Simple), in seconds.
 HOP_LATENCY_S = {
@@ -88,8 +90,16 @@ HOP_LATENCY_S = {
         Algorithm.RING: (2.7 * US, 4.0 * US, 14.0 * US),
         Algorithm.NVLS: (0.0, 0.0, 18.0 * US),
         Algorithm.NVLS_TREE: (0.0, 0.0, 20.9 * US),
+        Algorithm.PAT: (0.0, 0.0, 14.0 * US),
     },
 }
+#: NCCL: PAT (allgather and reduce-scatter with one GPU per machine) reaches 3/4 of the rings'
+#: bandwidth, pays a network hop's latency / 3.5 per level of its log2 tree and 2.8 us per rank.
+PAT_BW_FACTOR = 0.75
+PAT_LEVEL_LATENCY_DIVISOR = 3.5
+PAT_RANK_LATENCY_S = 2.8 * US
+#: NCCL runs PAT from compute capability 6.0 (it needs CUDA atomics).
+PAT_MIN_SM = 60
 #: NCCL: the share of the link bandwidth each protocol carries as data: LL sends 4 bytes of data
 #: with every 4-byte flag, LL128 120 bytes with every 128 (NCCL's tuner uses 0.92 for it).
 PROTOCOL_BW_FACTOR = {Protocol.LL: 0.5, Protocol.LL128: 0.92, Protocol.SIMPLE: 1.0}
@@ -160,7 +170,8 @@ class NcclView:
         NVSwitches, else the rings over the graph's NVLink mesh or PCIe tree (infinite with one
         GPU per machine).
     network_bw_bytes_per_s : float or None
-        The narrowest machine's network bandwidth, each way (None on one machine).
+        The narrowest machine's network bandwidth NCCL can use, each way: its NICs nearest the
+        machine's ranks (None on one machine).
     nvls : bool
         Whether every machine's GPUs share NVSwitches that reduce (compute capability >= 9.0).
     network_latency_s : float
@@ -244,7 +255,8 @@ def nccl_view(topology: Topology, ranks: Sequence[str], network_latency_s: float
     switches = {n.id for n in topology.nodes if n.kind is NodeKind.NVSWITCH}
     to_switches: dict[str, float] = {r: 0.0 for r in ranks}
     nvlinked = {r: False for r in ranks}
-    network: dict[str, float] = {m: 0.0 for m in members}
+    nic_bw: dict[str, float] = {}  # each NIC's bandwidth to the network
+    pcie_parents: dict[str, set[str]] = {}  # node -> the PCIe nodes it hangs from
     for link in topology.links:
         if link.src in to_switches and link.kind is LinkKind.NVLINK:
             nvlinked[link.src] = True
@@ -252,7 +264,10 @@ def nccl_view(topology: Topology, ranks: Sequence[str], network_latency_s: float
                 to_switches[link.src] += link.bw_bytes_per_s
         src = nodes[link.src]
         if src.kind is NodeKind.NIC and link.kind is LinkKind.NET and nodes[link.dst].kind is not NodeKind.NIC:
-            network[src.host_id or ""] = network.get(src.host_id or "", 0.0) + link.bw_bytes_per_s
+            nic_bw[link.src] = nic_bw.get(link.src, 0.0) + link.bw_bytes_per_s
+        if link.kind is LinkKind.PCIE and src.kind in (NodeKind.GPU, NodeKind.NIC):
+            pcie_parents.setdefault(link.src, set()).add(link.dst)
+    network = {m: _usable_network_bw(group, nodes, nic_bw, pcie_parents) for m, group in members.items()}
     sms = [nodes[r].sm for r in ranks]
     sm = None if None in sms else min(s for s in sms if s is not None)
     switched = all(to_switches[r] > 0 for r in ranks)
@@ -263,6 +278,21 @@ def nccl_view(topology: Topology, ranks: Sequence[str], network_latency_s: float
     nvls = switched and sm is not None and sm >= NVLS_MIN_SM
     intra = "nvlink" if all(nvlinked.values()) else "pcie"
     return NcclView(len(ranks), len(members), sm, intra, gpu_bw, network_bw, nvls, network_latency_s)
+
+
+def _usable_network_bw(group: Sequence[str], nodes: dict, nic_bw: dict[str, float], pcie_parents: dict[str, set[str]]) -> float:
+    """The network bandwidth NCCL reaches from ``group``, the ranks of one machine.
+
+    NCCL sends through the NICs nearest its GPUs (under the same PCIe switch) and, through
+    NVLink, those nearest the machine's other GPUs of the communicator (PXN): the NICs that
+    share a PCIe parent with a rank of the group. Where the graph places no NIC so (no PCIe
+    detail), every NIC of the machine counts.
+    """
+    machine = nodes[group[0]].host_id
+    nics = [nic for nic in nic_bw if nodes[nic].host_id == machine]
+    parents = set().union(*(pcie_parents.get(r, set()) for r in group))
+    near = [nic for nic in nics if pcie_parents.get(nic, set()) & parents]
+    return sum(nic_bw[nic] for nic in (near or nics))
 
 
 def _machine_ring_busbw(topology: Topology, group: Sequence[str], to_switches: dict[str, float] | None) -> float:
@@ -329,6 +359,18 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         net = HOP_LATENCY_S["net"][Algorithm.RING][i] * scale + net_hop * (2 if p is Protocol.SIMPLE else 1)
         latency = overhead + BASE_LATENCY_S[Algorithm.RING][i] * scale + (steps - net_steps) * hop + net_steps * net
         out.append(NcclEstimate(Algorithm.RING, p, latency, busbw * bus_to_alg))
+    simple = list(Protocol).index(Protocol.SIMPLE)
+    if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER):
+        if view.nvls and machines == 1:
+            # The switch multicasts (allgather) or reduces (reduce-scatter) each shard: every
+            # GPU moves S (n - 1) / n through its NVLinks, as in a ring, with NVLS's efficiency.
+            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
+            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, view.gpu_bw_bytes_per_s * calibration.nvls_efficiency * n / (n - 1)))
+        if machines == n and sm >= PAT_MIN_SM:
+            levels = math.ceil(math.log2(n))
+            net = HOP_LATENCY_S["net"][Algorithm.PAT][simple] * scale + 2 * net_hop
+            latency = overhead + BASE_LATENCY_S[Algorithm.PAT][simple] * scale + levels * net / PAT_LEVEL_LATENCY_DIVISOR + n * PAT_RANK_LATENCY_S * scale
+            out.append(NcclEstimate(Algorithm.PAT, Protocol.SIMPLE, latency, ring_busbw * PAT_BW_FACTOR))
     if not allreduce:
         return tuple(out)
     # Trees: a chain inside each machine, a double binary tree between machines. Each GPU of a

@@ -500,10 +500,13 @@ def plan_collective(
         except SolverError as exc:  # the traffic routing LP failed: the other candidates stand
             log.info("direct schedule not built: %s", exc)
 
-    if collective in native and not large and (native_model is not None or native_ring_applies(topology, ranks)):
+    if collective in native and (native_model is not None or (not large and native_ring_applies(topology, ranks))):
         # It wins ties among equally crowded candidates: on the emulated 4-host `uniform`
         # network gloo's own allreduce ran 2-4 % faster than the same ring on the executor.
-        consider(NATIVE, dataclasses.replace(baselines.rank_order_ring(topology, collective, list(ranks)), name=NATIVE))
+        # Priced by a model, its schedule only stands in (the backend runs its own algorithm):
+        # at scale the cheapest one to build, a double binary tree, rather than N^2 ring transfers.
+        stand_in = baselines.double_binary_tree if large else baselines.rank_order_ring
+        consider(NATIVE, dataclasses.replace(stand_in(topology, collective, list(ranks)), name=NATIVE))
     if not large and _crosses_network(topology, ranks):
         # Where flows crowd (see NEAR_TIE), the rings that reach a multi-rail bound one transfer
         # per link at a time; within one machine they add planning time for no choice they win.
