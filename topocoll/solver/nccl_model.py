@@ -1,20 +1,21 @@
 """What NCCL's own collectives take on a topology: a closed-form model of its algorithms.
 
-NCCL chooses, per call, one algorithm (ring, tree, NVLS, NVLS-tree) and one protocol (LL,
+NCCL chooses, per call, one algorithm (ring, tree, NVLS, NVLS-tree, PAT) and one protocol (LL,
 LL128, Simple), each pair with a latency and a bandwidth; the call takes
 ``latency + size / algbw``. This module predicts those pairs from topocoll's graph, so that a
 schedule can be compared with what NCCL would really do, not with a weaker baseline:
 
-* **bandwidth** comes from the graph: a GPU's bandwidth inside its machine (its NVLinks, or its
-  PCIe link where it has none), each machine's network bandwidth, and the in-switch reduction
-  of third-generation NVSwitches (NVLS); each algorithm reaches a *calibrated* fraction of its
-  limit (:class:`Calibration`);
+* **bandwidth** comes from the graph (:func:`nccl_view`): what rings reach inside a machine (a
+  GPU's NVLinks to its NVSwitches, else the rings over its NVLink mesh or PCIe tree), what a
+  machine reaches of the network (the NICs nearest its ranks), and the in-switch reduction of
+  third-generation NVSwitches (NVLS); each algorithm reaches a *calibrated* share of its limit
+  (:class:`Calibration`);
 * **protocols** scale it as NCCL's tuner does: LL carries 8 bytes per 16 (half the bandwidth,
   capped), LL128 120 bytes per 128;
 * **latency** is NCCL's published base latency per algorithm and protocol plus its per-hop
-  latency per link type (NVLink, PCIe, network) times the hops the algorithm takes, plus a
-  *calibrated* fixed cost per call (kernel launch and the benchmark loop) by GPU generation, and
-  the network's own latency where a machine boundary is crossed.
+  latency per link type (NVLink, PCIe, network) times the hops the algorithm takes, all times a
+  *calibrated* factor, plus a *calibrated* fixed cost per call by GPU generation, and the
+  network's own latency per hop between machines (twice for Simple, which flushes).
 
 The figures marked "NCCL" below are the constants of NCCL's tuning model
 (``src/graph/tuning.cc``, NCCL 2.30); the calibrated ones were fitted to the nccl-tests tables
