@@ -272,7 +272,19 @@ def nccl_view(topology: Topology, ranks: Sequence[str], network_latency_s: float
     sms = [nodes[r].sm for r in ranks]
     sm = None if None in sms else min(s for s in sms if s is not None)
     switched = all(to_switches[r] > 0 for r in ranks)
-    gpu_bw = min(_machine_ring_busbw(topology, group, to_switches if switched else None) for group in members.values())
+    # Machines alike (the same GPUs of the same wiring) have the same rings: build them once.
+    wiring: dict[str | None, list[tuple[str, float]]] = {}
+    for link in topology.links:
+        host = nodes[link.src].host_id
+        if host is not None and host == nodes[link.dst].host_id:
+            wiring.setdefault(host, []).append((link.kind.value, link.bw_bytes_per_s))
+    rings: dict[object, float] = {}
+    for host, group in members.items():
+        indices = tuple(nodes[r].index for r in group)
+        key: object = (indices, tuple(sorted(wiring.get(host, [])))) if None not in indices and host else host
+        if key not in rings:
+            rings[key] = _machine_ring_busbw(topology, group, to_switches if switched else None)
+    gpu_bw = min(rings.values())
     network_bw = min(network.get(m, 0.0) for m in members) if len(members) > 1 else None
     if network_bw is not None and not network_bw > 0:
         raise SolverError(f"machine {min(members, key=lambda m: network.get(m, 0.0))!r} has no network link: NCCL's model cannot join it")
