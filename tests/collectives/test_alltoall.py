@@ -80,3 +80,67 @@ def test_a_shared_plan_that_would_lose_bytes_is_refused():
         _check_plan(((), (Chain((1, 0), 1.0),), (), ()), matrix, 0, 1)
     with pytest.raises(CollectiveError, match="bad chain"):
         _check_plan(((), (Chain((0, 1), 1.0, (2,)),), (), ()), matrix, 0, 1)
+
+
+class _Counting:
+    """A fake transport that records, per rank, the most peers it had sends in flight to."""
+
+    def __init__(self, transport, busiest):
+        self._transport, self._busiest, self._in_flight = transport, busiest, {}
+
+    def send(self, tensors, dst, tag):
+        work = self._transport.send(tensors, dst, tag)
+        self._in_flight[tag] = dst
+        rank = self._transport._rank
+        self._busiest[rank] = max(self._busiest.get(rank, 0), len(set(self._in_flight.values())))
+        counting = self
+
+        class _Work:
+            def wait(self, timeout=None):
+                done = work.wait(timeout)
+                counting._in_flight.pop(tag, None)
+                return done
+
+        return _Work()
+
+    def recv(self, tensors, src, tag):
+        return self._transport.recv(tensors, src, tag)
+
+
+@pytest.mark.parametrize("rounds, most_peers", [(True, 1), (False, 3)])
+def test_rounds_keep_one_peer_per_rank_at_a_time(rounds, most_peers):
+    """In rounds every rank sends to one peer at a time (rank + k in round k), relays included,
+    and every block still arrives where it belongs."""
+    import threading
+    from datetime import timedelta
+
+    from tests.collectives.fakes import Mailbox, Transport
+    from topocoll.collectives.alltoall import run_plan
+
+    n = 4
+    counts = np.array([[(1 + src + 2 * dst) * (src != dst) + 3 * (src == dst) for dst in range(n)] for src in range(n)])
+    # every pair direct, except 0 -> 2 half through rank 1 and 3 -> 1 all through rank 0
+    chains = [() if s == d else (Chain((s, d), 1.0),) for s in range(n) for d in range(n)]
+    chains[0 * n + 2] = (Chain((0, 2), 0.5), Chain((0, 1, 2), 0.5))
+    chains[3 * n + 1] = (Chain((3, 0, 1), 1.0),)
+    box, busiest, results, errors = Mailbox(), {}, {}, []
+
+    def rank_main(rank):
+        try:
+            send = torch.cat([torch.full((int(counts[rank, d]),), float(100 * rank + d)) for d in range(n)])
+            receive = torch.full((int(counts[:, rank].sum()),), -1.0)
+            run_plan([_Counting(Transport(box, rank), busiest)], rank, chains, counts, send, receive, timedelta(seconds=10), rounds=rounds)
+            results[rank] = receive
+        except Exception as exc:  # reported below, with the rank
+            errors.append(f"rank {rank}: {exc!r}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    for rank in range(n):
+        expected = torch.cat([torch.full((int(counts[s, rank]),), float(100 * s + rank)) for s in range(n)])
+        assert torch.equal(results[rank], expected)
+    assert max(busiest.values()) == most_peers
