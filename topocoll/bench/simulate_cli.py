@@ -209,7 +209,7 @@ def simulate_report(
     from topocoll.solver.alpha_beta import simulate
     from topocoll.solver.events import event_sweep
     from topocoll.solver.metrics import algbw_bytes_per_s, busbw_bytes_per_s
-    from topocoll.solver.planner import choose, max_network_flows_per_link
+    from topocoll.solver.planner import choose, max_network_flows_per_link, time_on_backend
     from topocoll.solver.request import check_request
     from topocoll.solver.verify import verify
 
@@ -254,14 +254,8 @@ def simulate_report(
         return Measurement(time_s, algbw_bytes_per_s(size, time_s), busbw_bytes_per_s(collective, size, time_s, n))
 
     def on_nccl(sched: Any, points: Sequence[Any]) -> list[Measurement]:
-        # the planner's rule for schedules run on NCCL (topocoll.solver.planner.predict_times)
         t_bw = t_bw_of(sched)
-        out = []
-        for size, p in zip(effective, points):
-            bandwidth = t_bw * size
-            latency = max(0.0, p.time_s - bandwidth) * native.latency_factor
-            out.append(measured(size, native.call_overhead_s + latency + bandwidth / native.p2p_efficiency))
-        return out
+        return [measured(size, time_on_backend(native, p.time_s, t_bw * size)) for size, p in zip(effective, points)]
 
     bandwidth_times: dict[int, float] = {}
 

@@ -328,6 +328,28 @@ def choose(
     return min(tied, key=lambda i: (network_flows[i], not favour[i], t_bw[i] > widest * (1 + NEAR_TIE), times_s[i], steps[i]))
 
 
+def time_on_backend(native_model: NativeModel, time_s: float, bandwidth_s: float) -> float:
+    """A schedule's predicted time when it runs on the backend ``native_model`` describes.
+
+    Parameters
+    ----------
+    native_model : NativeModel
+    time_s : float
+        The schedule's time by topocoll's model (event simulator or α-β).
+    bandwidth_s : float
+        Its bandwidth time at that size (``t_bw`` x size), the part of ``time_s`` that links
+        carry; the rest is latency.
+
+    Returns
+    -------
+    float
+        The fixed cost per call, plus the latency times the backend's latency factor, plus the
+        bandwidth time over its point-to-point efficiency.
+    """
+    latency_s = max(0.0, time_s - bandwidth_s)
+    return native_model.call_overhead_s + latency_s * native_model.latency_factor + bandwidth_s / native_model.p2p_efficiency
+
+
 def predict_times(
     candidates: Sequence[Candidate], topology: Topology, size_bytes: float, per_message_overhead_s: float,
     native_model: NativeModel | None = None,
@@ -347,10 +369,7 @@ def predict_times(
     )
     out = list(candidates)
     for i, c in zip(scheduled, timed):
-        bandwidth_s = c.t_bw_s_per_byte * size_bytes
-        latency_s = max(0.0, c.predicted_time_s - bandwidth_s)
-        on_backend = native_model.call_overhead_s + latency_s * native_model.latency_factor + bandwidth_s / native_model.p2p_efficiency
-        out[i] = dataclasses.replace(c, predicted_time_s=on_backend)
+        out[i] = dataclasses.replace(c, predicted_time_s=time_on_backend(native_model, c.predicted_time_s, c.t_bw_s_per_byte * size_bytes))
     for i, c in enumerate(candidates):
         if c.name == NATIVE:
             collective = c.schedule.collective
