@@ -129,7 +129,8 @@ def parse_ranks(text: str | None, compute_nodes: Sequence[str]) -> tuple[str, ..
 
 
 def planned_candidates(topology: Any, collective: Any, ranks: tuple[str, ...], root: int | None, per_message_overhead_s: float) -> tuple[Any, ...]:
-    """Every verified schedule topocoll's planner weighs (synthesized layouts and baselines).
+    """Every verified candidate topocoll's planner weighs (synthesized layouts and baselines),
+    as :class:`topocoll.solver.planner.Candidate` (schedule and verification).
 
     :func:`topocoll.solver.plan` picks, for a given size, the candidate with the lowest α-β
     time; the candidates themselves do not depend on the size, so they are built once and the
@@ -141,7 +142,7 @@ def planned_candidates(topology: Any, collective: Any, ranks: tuple[str, ...], r
     result = plan_collective(topology, collective.value, list(ranks), root=root, per_message_overhead_s=per_message_overhead_s)
     for warning in result.warnings:
         log.warning("%s", warning)
-    return tuple(c.schedule for c in result.candidates)
+    return result.candidates
 
 
 def simulate_report(
@@ -184,8 +185,8 @@ def simulate_report(
     config : dict, optional
         Extra settings to record in the report.
     make_candidates : callable
-        ``(topology, collective, ranks, root, per_message_overhead_s) -> schedules`` to choose
-        topocoll's schedule from.
+        ``(topology, collective, ranks, root, per_message_overhead_s) -> candidates`` (each with
+        ``schedule`` and ``t_bw_s_per_byte``) to choose topocoll's schedule from.
     model : str
         ``"events"``, ``"alpha-beta"`` or ``"auto"`` (see :data:`EVENT_MODEL_BUDGET`).
     nccl : bool
@@ -231,7 +232,10 @@ def simulate_report(
         if native is None:
             raise ScheduleError("--nccl models NCCL's collectives, which run on GPUs: the ranks are not all GPUs")
         hands_over = schedule is None and collective in NCCL_NATIVE_COLLECTIVES
-    candidates = (schedule,) if schedule is not None else make_candidates(topology, collective, ranks, root, per_message_overhead_s)
+    # the planner verified its candidates already: their bandwidth times come with them
+    planned = () if schedule is not None else make_candidates(topology, collective, ranks, root, per_message_overhead_s)
+    candidates = (schedule,) if schedule is not None else tuple(c.schedule for c in planned)
+    bandwidth_times = {id(c.schedule): c.t_bw_s_per_byte for c in planned}
     baseline_schedules: list[tuple[str, Any]] = []
     for name in baselines:
         try:
@@ -256,8 +260,6 @@ def simulate_report(
     def on_nccl(sched: Any, points: Sequence[Any]) -> list[Measurement]:
         t_bw = t_bw_of(sched)
         return [measured(size, time_on_backend(native, p.time_s, t_bw * size)) for size, p in zip(effective, points)]
-
-    bandwidth_times: dict[int, float] = {}
 
     def t_bw_of(sched: Any) -> float:
         if id(sched) not in bandwidth_times:

@@ -406,13 +406,12 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         # Each GPU sends its buffer to the switch and receives the reduced buffer once (plus its
         # own shard's round trip): algbw <= B / (1 + 1/ppn) inside a machine.
         nvls_algbw = view.gpu_bw_bytes_per_s * calibration.nvls_efficiency / (1 + 1 / ppn)
-        i = list(Protocol).index(Protocol.SIMPLE)
         if machines == 1:
-            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][i] * scale
+            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
             out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw))
         else:
-            net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][i] * scale + 2 * net_hop
-            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][i] * scale + 2 * depth * net
+            net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][simple] * scale + 2 * net_hop
+            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][simple] * scale + 2 * depth * net
             out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, min(nvls_algbw, tree_net_algbw)))
     return tuple(out)
 

@@ -20,10 +20,9 @@ time before it found anything, a verified baseline is returned with a warning: n
 Where the runtime can hand a collective to its inner backend and a model of that backend's
 own collectives is given (``native_model``: :class:`topocoll.solver.nccl_model.NcclNative`
 for NCCL), the backend's collective is a candidate priced by that model, and every schedule
-pays the model's fixed cost per call too, so that the two are compared like with like: a
-collective is handed to NCCL wherever NCCL is predicted faster. Schedules are held to NCCL's
-efficiency too: their transfers are NCCL's point-to-point copies, which reach the share of a
-link that NCCL's rings reach.
+is held to that backend (:func:`time_on_backend`: its fixed cost per call, the share of a link
+its point-to-point copies reach, its real latencies), so that the two are compared like with
+like: a collective is handed to NCCL wherever NCCL is predicted faster.
 """
 
 from __future__ import annotations
@@ -131,8 +130,8 @@ class Candidate:
     """One verified candidate schedule and its predicted times.
 
     A :data:`NATIVE` candidate priced by a native model carries the model's bandwidth time
-    (``native_t_bw_s_per_byte``); its schedule is a stand-in (a ring in rank order) that only
-    proves the collective can run.
+    (``native_t_bw_s_per_byte``); its schedule is a stand-in (a ring in rank order, a double
+    binary tree beyond :data:`LARGE_WORLD_RANKS`) that only proves the collective can run.
     """
 
     name: str
