@@ -74,3 +74,25 @@ def test_hierarchical_reaches_the_bound_when_the_network_binds():
     ranks = list(topo.compute_nodes())
     synthesis = synthesize(topo, Collective.ALLGATHER, ranks, options=SynthesisOptions(flat_max_ranks=2))
     assert ratio_to_bound(topo, synthesis) >= MIN_RATIO
+
+
+def test_rail_chains_spread_over_every_spine_of_an_oversubscribed_fat_tree():
+    """8 DGX H100 on 32-port leaves at 2:1: 21 machine ports, so two machines (16 NICs) per leaf,
+    4 leaves, 11 spines, each trunk 16 * 50 / (2 * 11) GB/s: a leaf's uplinks carry exactly
+    what its 8 rails' NICs can receive, and every rail's ring enters each leaf once. Those 8
+    hops carry 7 hosts' shards, in `copies` chains each; dealt out in turn over the 11 spines,
+    the busiest trunk carries ceil(8 * 7 * copies / 11) chains against an average of 8 * 7 *
+    copies / 11, which is the distance to the bound. Routed by the first shortest path, every
+    hop crossed one spine: 1/11 of that."""
+    from topocoll.solver.rail_packing import MIN_SLOTS_PER_HOST
+    from topocoll.topo.cluster import make_cluster
+
+    topo = make_cluster("dgx-h100", 8, network="fat-tree", oversubscription=2.0, switch_radix=32)
+    spines = [n.id for n in topo.nodes_of(NodeKind.NET_SWITCH) if n.id.startswith("spine")]
+    assert len(spines) == 11
+    ranks = list(topo.compute_nodes())
+    synthesis = synthesize(topo, Collective.ALLGATHER, ranks)
+    copies = -(-MIN_SLOTS_PER_HOST // 8)
+    chains = 8 * 7 * copies
+    expected = (chains / len(spines)) / -(-chains // len(spines))
+    assert ratio_to_bound(topo, synthesis) == pytest.approx(expected, rel=1e-6)

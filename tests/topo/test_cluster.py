@@ -72,7 +72,7 @@ def test_fat_tree_oversubscription_ratio_in_bandwidth():
     nics = 4 * 8
     down_ports = math.floor(radix * ratio / (1 + ratio))  # 12 machine ports, 4 uplinks
     leaves, spines = _leaves(topo), _spines(topo)
-    assert len(leaves) == math.ceil(nics / down_ports) == 3
+    assert len(leaves) == 4  # one whole machine (8 NICs) per 12-port leaf, none split over two
     assert len(spines) == radix - down_ports == 4
     attached = [l.src for l in topo.links if l.dst.startswith("leaf") and l.src.endswith(tuple(f"nic{i}" for i in range(8)))]
     assert len(attached) == nics and len(set(attached)) == nics
@@ -81,6 +81,20 @@ def test_fat_tree_oversubscription_ratio_in_bandwidth():
         assert down / up == pytest.approx(ratio)
         assert {l.dst for l in topo.links if l.src == leaf and l.dst.startswith("spine")} == set(spines)
         assert down <= down_ports * 50e9 + 1
+
+
+def test_fat_tree_leaves_hold_whole_machines():
+    """64-port leaves at 2:1 keep floor(64 * 2 / 3) = 42 ports for machines: five DGX H100 (40
+    NICs) per leaf, and the 32nd machine's NICs all on the seventh leaf, not split over two."""
+    topo = make_cluster("dgx-h100", 32, network="fat-tree", oversubscription=2.0)
+    machines_of = {}
+    for link in topo.links:
+        if link.dst.startswith("leaf") and topo.node(link.src).kind is NodeKind.NIC:
+            machines_of.setdefault(link.dst, set()).add(link.src.split(".")[0])
+    assert len(machines_of) == math.ceil(32 / 5)
+    assert sorted(len(m) for m in machines_of.values()) == [2] + [5] * 6
+    every = [m for ms in machines_of.values() for m in ms]
+    assert len(every) == len(set(every)) == 32  # no machine on two leaves
 
 
 def test_fat_tree_non_blocking_by_default():

@@ -21,13 +21,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+import networkx as nx
 import numpy as np
 
 from topocoll.errors import SolverError, TopocollError
 from topocoll.solver.bound import cut_bound
 from topocoll.solver.packing import Packing, Tree, RankNetwork, pack_trees
 from topocoll.solver.schedule import Collective
-from topocoll.topo.model import Topology
+from topocoll.topo.model import NodeKind, Topology
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,9 @@ def pack_by_rails(
     # Rail trees: a chain along the hosts in order, for every member of every rail, each hop on
     # the fewest-hop route (out through the member's own NIC). Packing rails separately by LP
     # would let each rail borrow the other rails' NICs through the host's PCIe tree.
-    rails = [_rail_chains(topology, [ranks[g[i]] for g in groups], reverse) for i in range(n_local)]
+    n_hosts = len(groups)
+    copies = max(1, math.ceil(MIN_SLOTS_PER_HOST / n_hosts))
+    rails = _rail_chains(topology, [[ranks[g[i]] for g in groups] for i in range(n_local)], reverse, copies)
     rail_links = {hop for rail in rails for tree in rail.trees for _, _, path in tree.arcs for hop in zip(path, path[1:])}
     # Host trees: packed inside the host's own subgraph, once per host shape.
     solved: dict[tuple, tuple[str, Packing]] = {}
@@ -148,16 +151,14 @@ def pack_by_rails(
     # arrive on its rail member i with its own intra-host trees of root i, dealt out in
     # proportion to their LP weights, so the host's links carry the LP's load mix without
     # multiplying the chunk count by the number of intra-host trees.
-    n_hosts = len(groups)
-    copies = max(1, math.ceil(MIN_SLOTS_PER_HOST / n_hosts))
     slots = n_hosts * copies
     dealt = [[_deal([t for t in per_host[o].trees if t.root == i], slots) for i in range(n_local)] for o in range(n_hosts)]
     composed: list[Tree] = []
     for h, group in enumerate(groups):
         for i in range(n_local):
             root = group[i]
-            rail_tree = next(t for t in rails[i].trees if t.root == h)
             for j in range(copies):
+                rail_tree = rails[i].trees[h * copies + j]
                 arcs = [(groups[p][i], groups[c][i], path) for p, c, path in rail_tree.arcs]
                 for other, other_group in enumerate(groups):
                     tree = dealt[other][i][h * copies + j]
@@ -190,21 +191,78 @@ def _host_subgraph(topology: Topology, host: str, rail_links: set[tuple[str, str
         return Topology(nodes, inside, name=f"{topology.name}:{host}")
 
 
-def _rail_chains(topology: Topology, members: Sequence[str], reverse: bool) -> Packing:
-    """For every member, the chain through the others in order (a ring rotated to start there)."""
-    net = RankNetwork(topology, members, reverse)
-    cost, pred = net.routes(np.ones(len(net.cap)))
-    n = len(members)
-    trees = []
-    for root in range(n):
-        order = [(root + k) % n for k in range(n)]
-        arcs = []
-        for a, b in zip(order, order[1:]):
+def _rail_chains(topology: Topology, rails: Sequence[Sequence[str]], reverse: bool, copies: int) -> list[Packing]:
+    """Per rail, for every member ``copies`` chains through the others in order (a ring rotated to start there).
+
+    Each hop takes a fewest-hop route. Where the network offers several equally short ones (a
+    hop between leaves may cross any spine of a fat tree), the chains that cross a hop take them
+    in turn, and the turn goes on from hop to hop and rail to rail between the same two
+    switches, so that every route between them carries the same number of chains, give or take
+    one, instead of all piling onto the one a shortest-path search happens to return. A rail's
+    chains are listed by root, then copy.
+    """
+    spread = _SwitchRoutes(topology, reverse)
+    turn: dict[tuple[str, ...], int] = {}
+    packings = []
+    for members in rails:
+        net = RankNetwork(topology, members, reverse)
+        cost, pred = net.routes(np.ones(len(net.cap)))
+        n = len(members)
+        # route[a][t]: the route of hop a -> a + 1 for the t-th chain crossing it (every root
+        # but a + 1, `copies` times each).
+        route: list[list[tuple[str, ...]]] = []
+        for a in range(n if n > 1 else 0):
+            b = (a + 1) % n
             if not np.isfinite(cost[a, b]):
                 raise SolverError(f"{members[b]} cannot be reached from {members[a]} across the network")
-            arcs.append((a, b, net.path(pred, a, b)[1]))
-        trees.append(Tree(root, tuple(arcs), 1.0))
-    return Packing(tuple(trees), 0.0, True, 0, "")
+            key, choices = spread.alternatives(net.path(pred, a, b)[1])
+            start, crossings = turn.get(key, 0), (n - 1) * copies
+            route.append([choices[(start + t) % len(choices)] for t in range(crossings)])
+            turn[key] = (start + crossings) % len(choices)
+        crossed = [0] * n
+        trees = []
+        for root in range(n):
+            order = [(root + k) % n for k in range(n)]
+            for _ in range(copies):
+                arcs = []
+                for a, b in zip(order, order[1:]):
+                    arcs.append((a, b, route[a][crossed[a]]))
+                    crossed[a] += 1
+                trees.append(Tree(root, tuple(arcs), 1.0 / copies))
+        packings.append(Packing(tuple(trees), 0.0, True, 0, ""))
+    return packings
+
+
+class _SwitchRoutes:
+    """Equally short alternatives of a route's stretch through the network switches."""
+
+    def __init__(self, topology: Topology, reverse: bool) -> None:
+        switches = {node.id for node in topology.nodes_of(NodeKind.NET_SWITCH)}
+        graph = topology.graph.subgraph(switches)
+        self._graph = graph.reverse(copy=False) if reverse else graph
+        self._topology = topology
+        self._cache: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+
+    def alternatives(self, path: tuple[str, ...]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+        """The first and last network switch on ``path``, and ``path``'s variants between them.
+
+        Only the stretch between those two switches changes; of the fewest-hop stretches, those
+        as wide as the widest are kept, in a stable order. A path through fewer than three
+        switches has no variant (the ends are then empty).
+        """
+        inside = [k for k, node_id in enumerate(path) if node_id in self._graph]
+        if len(inside) < 3:  # no switch in between to choose
+            return (), [path]
+        first, last = inside[0], inside[-1]
+        key = (path[first], path[last])
+        if key not in self._cache:
+            stretches = sorted(nx.all_shortest_paths(self._graph, *key))
+            width = [self._topology.path_bw_bytes_per_s(s) for s in stretches]
+            self._cache[key] = [tuple(s) for s, w in zip(stretches, width) if w >= max(width) * (1 - 1e-9)]
+        stretches = self._cache[key]
+        if len(path[first : last + 1]) != len(stretches[0]):  # the route was not fewest-hop inside
+            return (), [path]
+        return key, [path[:first] + s + path[last + 1 :] for s in stretches]
 
 
 def _deal(trees: Sequence[Tree], slots: int) -> list[Tree]:

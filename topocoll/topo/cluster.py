@@ -10,8 +10,10 @@ so ranks are numbered node-major) and wires their NICs into one of three fabrics
     NVLink/PCIe first); when it does not, the rail is split over several leaves and a spine
     layer joins every leaf of every rail.
 ``fat-tree``
-    NICs fill leaf switches in node-major order, whatever their index; a spine layer joins
-    the leaves when there is more than one.
+    NICs fill leaf switches in node-major order, whatever their index, a machine's NICs on one
+    leaf when they fit in its ports (as clusters are cabled: a leaf holds as many whole machines
+    as it can, and no leaf is left with a few NICs of one machine); a spine layer joins the
+    leaves when there is more than one.
 ``superpod`` (scalable units, after NVIDIA's DGX SuperPOD reference architecture)
     Machines come in scalable units of ``su_nodes`` (32 in the DGX H100 SuperPOD); inside a
     unit NIC ``i`` of every machine goes to the unit's rail-``i`` leaf, and a spine layer joins
@@ -176,11 +178,14 @@ def make_cluster(
         single_leaf_ok = len(groups[0][1]) <= switch_radix and tiers != 3
         down_ports = switch_radix if single_leaf_ok else split_ports
 
+    per_leaf = down_ports
+    if network is Network.FAT_TREE and nics <= down_ports:
+        per_leaf = down_ports // nics * nics  # whole machines per leaf
     leaves: list[_Leaf] = []
     for label, members in groups:
-        for start in range(0, len(members), down_ports):
+        for start in range(0, len(members), per_leaf):
             leaf_id = f"leaf{len(leaves)}"
-            leaves.append(_Leaf(leaf_id, tuple(members[start : start + down_ports])))
+            leaves.append(_Leaf(leaf_id, tuple(members[start : start + per_leaf])))
             builder.add_node(Node(leaf_id, NodeKind.NET_SWITCH, name=f"{label} leaf".strip()))
     net_latency = bw.latency_s(LinkKind.NET)
     for leaf in leaves:
