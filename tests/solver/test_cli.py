@@ -123,3 +123,66 @@ def test_synthesize_reports_in_switch_reduction_where_nvswitches_offer_it(capsys
             assert match is None, out
         else:
             assert match and float(match.group(1)) == pytest.approx(expected / 1e9, abs=0.01), out
+
+
+# --------------------------------------------------------------------------- format 3 (by rule)
+
+
+@pytest.fixture
+def three_machines(tmp_path):
+    from topocoll.topo.cluster import make_cluster
+
+    path = tmp_path / "h3.json"
+    path.write_text(make_cluster("dgx-h100", 3).to_json())
+    return path
+
+
+def test_synthesize_by_rule_then_verify_it_spelt_out_and_by_parts(capsys, three_machines, tmp_path, monkeypatch):
+    """The percentages printed are the library's (synthesize_by_rule's loads against the bound),
+    and verify prints the same one whether it replays the spelt-out schedule or reads the parts."""
+    from topocoll.solver import cli as solver_cli
+    from topocoll.solver.rule_schedule import synthesize_by_rule
+
+    out_path = tmp_path / "ar.json"
+    status, out, _ = _run(capsys, ["synthesize", "--topology", str(three_machines), "--collective", "allreduce", "--format", "3", "-o", str(out_path)])
+    assert status == 0 and "topocoll.schedule/3" in out
+    topo = load_topology(three_machines)
+    by_rule, bound = synthesize_by_rule(topo, Collective.ALLREDUCE, list(topo.compute_nodes()))
+    t_bw, _ = by_rule.t_bw_s_per_byte(topo)
+    expected = 100 * bound.time_per_byte_s / t_bw
+    assert _percent(out, "schedule") == pytest.approx(expected, abs=0.006)
+    status, out, _ = _run(capsys, ["verify", str(out_path), "--topology", str(three_machines)])
+    assert status == 0 and "correct     yes" in out and "steps" in out  # replayed transfer by transfer
+    assert _percent(out, "bandwidth") == pytest.approx(expected, abs=0.006)
+    monkeypatch.setattr(solver_cli, "EXPAND_MAX_TRANSFERS", 10)
+    status, out, _ = _run(capsys, ["verify", str(out_path), "--topology", str(three_machines)])
+    assert status == 0 and "checked by its parts" in out
+    assert _percent(out, "bandwidth") == pytest.approx(expected, abs=0.006)
+
+
+def test_verify_by_parts_says_no_for_another_topology(capsys, three_machines, tmp_path, monkeypatch):
+    from topocoll.solver import cli as solver_cli
+    from topocoll.topo.cluster import make_cluster
+
+    out_path = tmp_path / "ag.json"
+    assert _run(capsys, ["synthesize", "--topology", str(three_machines), "--collective", "allgather", "--format", "3", "-o", str(out_path)])[0] == 0
+    other = tmp_path / "other.json"
+    other.write_text(make_cluster("dgx-h100", 3, network="superpod", su_nodes=2).to_json())
+    monkeypatch.setattr(solver_cli, "EXPAND_MAX_TRANSFERS", 10)
+    status, out, _ = _run(capsys, ["verify", str(out_path), "--topology", str(other)])
+    assert status == 1 and "correct     NO: the schedule was made for topology" in out
+
+
+@pytest.mark.parametrize(
+    "collective, topology, message",
+    [
+        ("broadcast", "three", "--format 3 describes allgather, reduce_scatter and allreduce, not broadcast"),
+        ("allgather", "one", "needs the ranks on at least two hosts"),
+    ],
+)
+def test_synthesize_by_rule_refusals(capsys, three_machines, dgx1, tmp_path, collective, topology, message):
+    out_path = tmp_path / "x.json"
+    path = three_machines if topology == "three" else dgx1
+    status, _, err = _run(capsys, ["synthesize", "--topology", str(path), "--collective", collective, "--format", "3", "-o", str(out_path)])
+    assert_one_line_error(status, err, "topocoll", message)
+    assert not out_path.exists()

@@ -153,13 +153,18 @@ def test_a_compact_schedule_missing_its_path_table_names_the_field():
 
 
 def test_a_format_from_the_future_is_refused_with_the_formats_this_reader_knows():
-    text = _compact(format="topocoll.schedule/3")
+    text = _compact(format="topocoll.schedule/4")
     with pytest.raises(ScheduleError) as info:
         Schedule.from_json(text, "s.json")
     assert str(info.value) == (
-        "s.json: format must be 'topocoll.schedule/1' or 'topocoll.schedule/2', got 'topocoll.schedule/3' "
-        "(written by a newer topocoll?)"
+        "s.json: format must be 'topocoll.schedule/1' or 'topocoll.schedule/2' or 'topocoll.schedule/3', "
+        "got 'topocoll.schedule/4' (written by a newer topocoll?)"
     )
+
+
+def test_a_compact_body_labelled_format_3_is_refused_as_a_schedule_by_rule():
+    with pytest.raises(ScheduleError, match=r"^s\.json: not a valid topocoll\.schedule/3 schedule \(KeyError"):
+        Schedule.from_json(_compact(format="topocoll.schedule/3"), "s.json")
 
 
 def test_writing_an_unknown_format_version_is_refused():
@@ -203,9 +208,9 @@ def test_synthesize_refuses_an_unknown_format(capsys, tmp_path):
     topology_path = tmp_path / "dgx1.json"
     topology_path.write_text(build_preset("dgx1-v100").to_json())
     with pytest.raises(SystemExit) as info:
-        main(["synthesize", "--topology", str(topology_path), "--collective", "allreduce", "-o", str(tmp_path / "x.json"), "--format", "3"])
+        main(["synthesize", "--topology", str(topology_path), "--collective", "allreduce", "-o", str(tmp_path / "x.json"), "--format", "4"])
     assert info.value.code == 2
-    assert "invalid choice: 3" in capsys.readouterr().err
+    assert "invalid choice: 4" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
 

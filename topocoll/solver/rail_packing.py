@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import networkx as nx
 import numpy as np
@@ -28,7 +28,7 @@ from topocoll.errors import SolverError, TopocollError
 from topocoll.solver.bound import cut_bound
 from topocoll.solver.packing import Packing, Tree, RankNetwork, pack_trees
 from topocoll.solver.schedule import Collective
-from topocoll.topo.model import NodeKind, Topology
+from topocoll.topo.model import Link, Node, NodeKind, Topology
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +57,24 @@ def _strip(node_id: str, host: str) -> str:
     return node_id[len(prefix):] if node_id.startswith(prefix) else node_id
 
 
-def _host_shape(topology: Topology, host: str) -> tuple | None:
+def _by_host(topology: Topology) -> dict[str, tuple[list[Node], list[Link]]]:
+    """Every host's nodes and the links among them, in one pass over the topology."""
+    parts: dict[str, tuple[list[Node], list[Link]]] = {}
+    for node in topology.nodes:
+        if node.host_id is not None:
+            parts.setdefault(node.host_id, ([], []))[0].append(node)
+    for link in topology.links:
+        host = topology.node(link.src).host_id
+        if host is not None and topology.node(link.dst).host_id == host:
+            parts[host][1].append(link)
+    return parts
+
+
+def _host_shape(host: str, nodes: Sequence[Node], links: Sequence[Link]) -> tuple | None:
     """Links among a host's nodes with the host prefix removed (None if ids lack the prefix)."""
-    members = {n.id for n in topology.nodes if n.host_id == host}
-    if not all(m.startswith(host + ".") for m in members):
+    if not all(n.id.startswith(host + ".") for n in nodes):
         return None
-    return tuple(
-        sorted(
-            (_strip(l.src, host), _strip(l.dst, host), l.kind.value, l.bw_bytes_per_s)
-            for l in topology.links
-            if l.src in members and l.dst in members
-        )
-    )
+    return tuple(sorted((_strip(l.src, host), _strip(l.dst, host), l.kind.value, l.bw_bytes_per_s) for l in links))
 
 
 def _rename(tree: Tree, old: str, new: str) -> Tree:
@@ -76,6 +82,75 @@ def _rename(tree: Tree, old: str, new: str) -> Tree:
         return new + "." + node_id[len(old) + 1 :] if node_id.startswith(old + ".") else node_id
 
     return replace(tree, arcs=tuple((p, c, tuple(move(x) for x in path)) for p, c, path in tree.arcs))
+
+
+@dataclass(frozen=True, slots=True)
+class RailRoutes:
+    """The chains of one rail: how each hop between consecutive hosts is routed.
+
+    Attributes
+    ----------
+    routes : tuple of tuple of path
+        ``routes[a]``: the routes of the hop from host ``a`` to host ``a + 1`` (mod the host
+        count), from the rail member of one to that of the other; chains crossing the hop take
+        them in turn.
+    turns : tuple of int
+        ``turns[a]``: the route the hop's first chain takes.
+    """
+
+    routes: tuple[tuple[tuple[str, ...], ...], ...]
+    turns: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RailPacking:
+    """A hierarchical packing kept by its parts, in size linear in the ranks.
+
+    Composed tree ``(h, i, j)`` (host ``h``, local index ``i``, copy ``j < copies``) is rooted
+    at rank ``hosts[h][i]`` and carries ``1 / copies`` of its data:
+
+    - rail arcs: for ``k = 0 .. H - 2`` the hop ``a = h + k`` (mod ``H``) from ``hosts[a][i]`` to
+      ``hosts[a + 1][i]``, by route ``rails[i].routes[a][(rails[i].turns[a] + t) % R]``, ``R``
+      routes, where ``t = ((h - a - 2) mod H) * copies + j`` counts the chains crossing it;
+    - host arcs: in every host ``o``, slot ``s = h * copies + j`` of local root ``i``: the trees
+      of ``host_trees[o][i]`` take consecutive slots, as many as their counts.
+
+    Attributes
+    ----------
+    hosts : tuple of tuple of int
+        Rank indices per host, the same count on each.
+    copies : int
+    rails : tuple of RailRoutes
+        One per local index.
+    host_trees : tuple of tuple of tuple of (Tree, int)
+        ``host_trees[o][i]``: trees over host ``o``'s ranks (local indices) rooted at ``i``,
+        with the number of slots each takes (they sum to ``H * copies``).
+    """
+
+    hosts: tuple[tuple[int, ...], ...]
+    copies: int
+    rails: tuple[RailRoutes, ...]
+    host_trees: tuple[tuple[tuple[tuple[Tree, int], ...], ...], ...]
+
+    @property
+    def tree_count(self) -> int:
+        """Composed trees: one per rank and copy."""
+        return len(self.hosts) * len(self.hosts[0]) * self.copies
+
+    def chain_route(self, rail: int, hop: int, root_host: int, copy: int) -> tuple[str, ...]:
+        """The route composed tree ``(root_host, rail, copy)`` takes across ``hop``."""
+        n_hosts = len(self.hosts)
+        routes = self.rails[rail].routes[hop]
+        t = ((root_host - hop - 2) % n_hosts) * self.copies + copy
+        return routes[(self.rails[rail].turns[hop] + t) % len(routes)]
+
+    def host_tree(self, host: int, local_root: int, slot: int) -> Tree:
+        """The host tree slot ``slot`` of ``local_root`` takes in ``host``."""
+        for tree, count in self.host_trees[host][local_root]:
+            if slot < count:
+                return tree
+            slot -= count
+        raise SolverError(f"internal: slot beyond the host trees of host {host}")
 
 
 def pack_by_rails(
@@ -109,28 +184,48 @@ def pack_by_rails(
     Packing
         Trees over all ranks; ``time_per_unit_s`` is not filled in (0) — verify the schedule.
     """
+    parts = rail_packing(
+        topology, ranks, groups, reverse=reverse, solver=solver, time_limit_s=time_limit_s, gap=gap, host_trees_per_root=host_trees_per_root
+    )
+    return compose(parts)
+
+
+def rail_packing(
+    topology: Topology,
+    ranks: Sequence[str],
+    groups: Sequence[Sequence[int]],
+    *,
+    reverse: bool = False,
+    solver: str = "highs",
+    time_limit_s: float = 60.0,
+    gap: float = 1e-4,
+    host_trees_per_root: int | None = None,
+) -> RailPacking:
+    """The parts of :func:`pack_by_rails`'s packing, not yet composed (same parameters)."""
     n_local = len(groups[0])
     kind = Collective.REDUCE_SCATTER if reverse else Collective.ALLGATHER
+    n_hosts = len(groups)
+    copies = max(1, math.ceil(MIN_SLOTS_PER_HOST / n_hosts))
+    slots = n_hosts * copies
 
     hosts = [topology.node(ranks[g[0]]).host_id for g in groups]
-    budget = time_limit_s
     # Rail trees: a chain along the hosts in order, for every member of every rail, each hop on
     # the fewest-hop route (out through the member's own NIC). Packing rails separately by LP
     # would let each rail borrow the other rails' NICs through the host's PCIe tree.
-    n_hosts = len(groups)
-    copies = max(1, math.ceil(MIN_SLOTS_PER_HOST / n_hosts))
-    rails = _rail_chains(topology, [[ranks[g[i]] for g in groups] for i in range(n_local)], reverse, copies)
-    rail_links = {hop for rail in rails for tree in rail.trees for _, _, path in tree.arcs for hop in zip(path, path[1:])}
+    rails = _rail_routes(topology, [[ranks[g[i]] for g in groups] for i in range(n_local)], reverse, copies)
+    rail_links = {hop for rail in rails for routes in rail.routes for path in routes for hop in zip(path, path[1:])}
     # Host trees: packed inside the host's own subgraph, once per host shape.
     solved: dict[tuple, tuple[str, Packing]] = {}
     per_host: list[Packing] = []
+    by_host = _by_host(topology)
     for host, group in zip(hosts, groups):
-        shape = _host_shape(topology, host)
+        host_nodes, host_links = by_host[host]
+        shape = _host_shape(host, host_nodes, host_links)
         if shape is not None and shape in solved:
             first_host, packing = solved[shape]
             per_host.append(replace(packing, trees=tuple(_rename(t, first_host, host) for t in packing.trees)))
             continue
-        inside = _host_subgraph(topology, host, rail_links)
+        inside = _host_subgraph(topology, host, host_nodes, host_links, rail_links)
         members = [ranks[k] for k in group]
         packing = pack_trees(
             inside,
@@ -138,7 +233,7 @@ def pack_by_rails(
             range(n_local),
             reverse=reverse,
             solver=solver,
-            time_limit_s=budget,
+            time_limit_s=time_limit_s,
             gap=gap,
             max_trees_per_root=host_trees_per_root,
             seed_orders=[list(range(n_local))],
@@ -151,39 +246,44 @@ def pack_by_rails(
     # arrive on its rail member i with its own intra-host trees of root i, dealt out in
     # proportion to their LP weights, so the host's links carry the LP's load mix without
     # multiplying the chunk count by the number of intra-host trees.
-    slots = n_hosts * copies
-    dealt = [[_deal([t for t in per_host[o].trees if t.root == i], slots) for i in range(n_local)] for o in range(n_hosts)]
+    host_trees = tuple(
+        tuple(_deal([t for t in packing.trees if t.root == i], slots) for i in range(n_local)) for packing in per_host
+    )
+    log.info("hierarchical packing: %d hosts x %d ranks, %d composed trees", n_hosts, n_local, n_hosts * n_local * copies)
+    return RailPacking(tuple(tuple(g) for g in groups), copies, tuple(rails), host_trees)
+
+
+def compose(parts: RailPacking) -> Packing:
+    """The trees over all ranks that ``parts`` describes, by root, local index, then copy.
+
+    Their count is the rank count times ``copies`` and each has an arc per rank but one, so
+    this is quadratic in the ranks: keep ``parts`` where that is too many.
+    """
+    groups, copies = parts.hosts, parts.copies
+    n_hosts = len(groups)
     composed: list[Tree] = []
     for h, group in enumerate(groups):
-        for i in range(n_local):
+        for i in range(len(group)):
             root = group[i]
             for j in range(copies):
-                rail_tree = rails[i].trees[h * copies + j]
-                arcs = [(groups[p][i], groups[c][i], path) for p, c, path in rail_tree.arcs]
+                arcs = []
+                for k in range(n_hosts - 1):
+                    a = (h + k) % n_hosts
+                    arcs.append((groups[a][i], groups[(a + 1) % n_hosts][i], parts.chain_route(i, a, h, j)))
                 for other, other_group in enumerate(groups):
-                    tree = dealt[other][i][h * copies + j]
+                    tree = parts.host_tree(other, i, h * copies + j)
                     arcs.extend((other_group[p], other_group[c], path) for p, c, path in tree.arcs)
                 composed.append(Tree(root, _bfs(root, arcs), 1.0 / copies))
-    log.info("hierarchical packing: %d hosts x %d ranks, %d composed trees", len(groups), n_local, len(composed))
-    return Packing(
-        tuple(composed),
-        0.0,
-        all(p.optimal for p in per_host),
-        sum(p.iterations for p in per_host),
-        per_host[0].solver,
-    )
+    return Packing(tuple(composed), 0.0, True, 0, "")
 
 
-def _host_subgraph(topology: Topology, host: str, rail_links: set[tuple[str, str]]) -> Topology:
-    """The nodes of ``host`` and the links among them, less the links the rails use.
+def _host_subgraph(topology: Topology, host: str, nodes: list[Node], inside: list[Link], rail_links: set[tuple[str, str]]) -> Topology:
+    """The nodes of ``host`` and the links among them (``inside``), less the links the rails use.
 
     The rails' traffic crosses the links from each rank to its NIC; leaving them to the rails
     keeps the intra-host trees off them. When the host falls apart without them (a PCIe-only
     host), they stay.
     """
-    members = {n.id for n in topology.nodes if n.host_id == host}
-    nodes = [n for n in topology.nodes if n.id in members]
-    inside = [l for l in topology.links if l.src in members and l.dst in members]
     spare = [l for l in inside if (l.src, l.dst) not in rail_links and (l.dst, l.src) not in rail_links]
     try:
         return Topology(nodes, spare, name=f"{topology.name}:{host}")
@@ -191,46 +291,34 @@ def _host_subgraph(topology: Topology, host: str, rail_links: set[tuple[str, str
         return Topology(nodes, inside, name=f"{topology.name}:{host}")
 
 
-def _rail_chains(topology: Topology, rails: Sequence[Sequence[str]], reverse: bool, copies: int) -> list[Packing]:
-    """Per rail, for every member ``copies`` chains through the others in order (a ring rotated to start there).
+def _rail_routes(topology: Topology, rails: Sequence[Sequence[str]], reverse: bool, copies: int) -> list[RailRoutes]:
+    """Per rail, the routes of its hops between consecutive members (a ring in member order).
 
     Each hop takes a fewest-hop route. Where the network offers several equally short ones (a
     hop between leaves may cross any spine of a fat tree), the chains that cross a hop take them
     in turn, and the turn goes on from hop to hop and rail to rail between the same two
     switches, so that every route between them carries the same number of chains, give or take
-    one, instead of all piling onto the one a shortest-path search happens to return. A rail's
-    chains are listed by root, then copy.
+    one, instead of all piling onto the one a shortest-path search happens to return.
     """
     spread = _SwitchRoutes(topology, reverse)
     turn: dict[tuple[str, ...], int] = {}
-    packings = []
+    result = []
     for members in rails:
         net = RankNetwork(topology, members, reverse)
         cost, pred = net.routes(np.ones(len(net.cap)))
         n = len(members)
-        # route[a][t]: the route of hop a -> a + 1 for the t-th chain crossing it (every root
-        # but a + 1, `copies` times each).
-        route: list[list[tuple[str, ...]]] = []
-        for a in range(n if n > 1 else 0):
+        routes, turns = [], []
+        for a in range(n):
             b = (a + 1) % n
             if not np.isfinite(cost[a, b]):
                 raise SolverError(f"{members[b]} cannot be reached from {members[a]} across the network")
             key, choices = spread.alternatives(net.path(pred, a, b)[1])
-            start, crossings = turn.get(key, 0), (n - 1) * copies
-            route.append([choices[(start + t) % len(choices)] for t in range(crossings)])
-            turn[key] = (start + crossings) % len(choices)
-        crossed = [0] * n
-        trees = []
-        for root in range(n):
-            order = [(root + k) % n for k in range(n)]
-            for _ in range(copies):
-                arcs = []
-                for a, b in zip(order, order[1:]):
-                    arcs.append((a, b, route[a][crossed[a]]))
-                    crossed[a] += 1
-                trees.append(Tree(root, tuple(arcs), 1.0 / copies))
-        packings.append(Packing(tuple(trees), 0.0, True, 0, ""))
-    return packings
+            start = turn.get(key, 0)
+            routes.append(tuple(choices))
+            turns.append(start)
+            turn[key] = (start + (n - 1) * copies) % len(choices)
+        result.append(RailRoutes(tuple(routes), tuple(turns)))
+    return result
 
 
 class _SwitchRoutes:
@@ -265,19 +353,20 @@ class _SwitchRoutes:
         return key, [path[:first] + s + path[last + 1 :] for s in stretches]
 
 
-def _deal(trees: Sequence[Tree], slots: int) -> list[Tree]:
-    """``slots`` picks from ``trees`` in proportion to their weights (stratified rounding)."""
-    picks, cumulative, t = [], 0.0, 0
-    bounds = []
-    for tree in trees:
-        cumulative += tree.weight
-        bounds.append(cumulative)
+def _deal(trees: Sequence[Tree], slots: int) -> tuple[tuple[Tree, int], ...]:
+    """``slots`` picks from ``trees`` in proportion to their weights (stratified rounding).
+
+    Picks come in tree order, so they are given as ``(tree, count)``; trees never picked are left out.
+    """
+    total = sum(tree.weight for tree in trees)
+    counts, cumulative, t = [0] * len(trees), trees[0].weight, 0
     for s in range(slots):
-        point = (s + 0.5) / slots * cumulative
-        while t < len(trees) - 1 and bounds[t] <= point:
+        point = (s + 0.5) / slots * total
+        while t < len(trees) - 1 and cumulative <= point:
             t += 1
-        picks.append(trees[t])
-    return picks
+            cumulative += trees[t].weight
+        counts[t] += 1
+    return tuple((tree, count) for tree, count in zip(trees, counts) if count)
 
 
 def _bfs(root: int, arcs: list[tuple[int, int, tuple[str, ...]]]) -> tuple[tuple[int, int, tuple[str, ...]], ...]:

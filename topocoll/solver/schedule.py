@@ -36,6 +36,9 @@ from topocoll.errors import ScheduleError
 FORMAT = "topocoll.schedule/1"
 #: The compact form: paths written once, transfers grouped by chunk (see the module docstring).
 FORMAT_COMPACT = "topocoll.schedule/2"
+#: The ``format`` of a schedule described by a rule (:mod:`topocoll.solver.rule_schedule`), which
+#: every reader of schedules spells out into a :class:`Schedule`.
+FORMAT_RULE = "topocoll.schedule/3"
 #: The format versions :meth:`Schedule.to_json` writes, by number.
 FORMAT_VERSIONS = {1: FORMAT, 2: FORMAT_COMPACT}
 
@@ -337,8 +340,12 @@ class Schedule:
         if not isinstance(data, Mapping):
             raise ScheduleError(f"{source}: expected a JSON object")
         fmt = data.get("format")
+        if fmt == FORMAT_RULE:  # a schedule by rule: spelt out here, where that is affordable
+            from topocoll.solver.rule_schedule import RuleSchedule  # it builds on this module
+
+            return RuleSchedule.from_json_dict(data, source).expand(source)
         if fmt not in FORMAT_VERSIONS.values():
-            known = " or ".join(repr(f) for f in FORMAT_VERSIONS.values())
+            known = " or ".join(repr(f) for f in (*FORMAT_VERSIONS.values(), FORMAT_RULE))
             raise ScheduleError(f"{source}: format must be {known}, got {fmt!r} (written by a newer topocoll?)")
         try:
             collective = Collective.parse(data["collective"])
