@@ -482,7 +482,10 @@ def plan_collective(
     try:  # every candidate has a chunk per rank at least: refuse now what could not be verified
         check_verify_memory(len(ranks), len(ranks), f"a schedule for {collective.value}")
     except ScheduleError as exc:
-        raise SolverError(f"{exc}: not synthesized") from None
+        hint = ""
+        if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE):
+            hint = " (topocoll synthesize --format 3 writes a hierarchical schedule by rule at this scale)"
+        raise SolverError(f"{exc}: not synthesized{hint}") from None
     bound = cut_bound(topology, collective, ranks, root)
     digest = topology.digest()
     root = root if collective.is_rooted else None
