@@ -3,6 +3,7 @@ figures checked against the library computed independently, and their refusals."
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -186,3 +187,14 @@ def test_synthesize_by_rule_refusals(capsys, three_machines, dgx1, tmp_path, col
     status, _, err = _run(capsys, ["synthesize", "--topology", str(path), "--collective", collective, "--format", "3", "-o", str(out_path)])
     assert_one_line_error(status, err, "topocoll", message)
     assert not out_path.exists()
+
+
+def test_rail_tree_applies_to_format_3(capsys, three_machines, tmp_path):
+    out_path = tmp_path / "x.json"
+    argv = ["synthesize", "--topology", str(three_machines), "--collective", "allgather", "--rail-tree", "binomial", "-o", str(out_path)]
+    status, _, err = _run(capsys, argv)
+    assert_one_line_error(status, err, "topocoll", "--rail-tree applies to --format 3")
+    status, out, _ = _run(capsys, argv + ["--format", "3"])
+    assert status == 0 and "binomial rail tree" in out
+    data = json.loads(out_path.read_text())
+    assert data["gather"]["tree"] == [[0, 1], [0, 2]]  # 3 machines: 1 and 2 hang off 0 (2 = 0 + 2^1)

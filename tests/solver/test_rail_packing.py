@@ -96,3 +96,40 @@ def test_rail_chains_spread_over_every_spine_of_an_oversubscribed_fat_tree():
     chains = 8 * 7 * copies
     expected = (chains / len(spines)) / -(-chains // len(spines))
     assert ratio_to_bound(topo, synthesis) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("n_hosts", [2, 5, 8, 13])
+def test_rail_trees_span_the_hosts_at_their_depth(n_hosts):
+    import math
+
+    from topocoll.solver.rail_packing import rail_tree
+
+    most_bits = max(bin(v).count("1") for v in range(n_hosts))  # a position's depth: its set bits
+    assert most_bits <= math.ceil(math.log2(n_hosts))
+    for kind, depth in (("chain", n_hosts - 1), ("binomial", most_bits)):
+        arcs = rail_tree(kind, n_hosts)
+        level = {0: 0}
+        for parent, child in arcs:
+            assert parent in level and child not in level  # parents before children, each child once
+            level[child] = level[parent] + 1
+        assert sorted(level) == list(range(n_hosts))
+        assert max(level.values()) == depth
+
+
+def test_a_binomial_rail_tree_reaches_the_bound_in_log_depth_on_a_non_blocking_network():
+    """16 DGX H100 on rails of one leaf each (16 <= 64 ports): every rotation of a tree makes each
+    NIC send and receive 15 shards, so the binomial tree is as fast as the chain by bandwidth;
+    composed with the 8-GPU host trees (one level below the NVSwitch) it is 4 + 1 levels deep
+    where the chain's composition is 15 + 1."""
+    from topocoll.solver.verify import verify
+    from topocoll.topo.cluster import make_cluster
+
+    topo = make_cluster("dgx-h100", 16)
+    ranks = list(topo.compute_nodes())
+    heights = {}
+    for tree in ("chain", "binomial"):
+        synthesis = synthesize(topo, Collective.ALLGATHER, ranks, options=SynthesisOptions(rail_tree=tree))
+        assert ratio_to_bound(topo, synthesis) == pytest.approx(1.0, abs=1e-6)
+        heights[tree] = len(synthesis.schedule.steps)
+    assert heights == {"chain": 16, "binomial": 5}
+    assert verify(synthesis.schedule, topo).ok

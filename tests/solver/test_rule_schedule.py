@@ -37,19 +37,21 @@ CLUSTERS = {
     "fat-tree": lambda: make_cluster("dgx-h100", 4, network="fat-tree", oversubscription=2.0, switch_radix=32),
     "superpod": lambda: make_cluster("dgx-h100", 4, network="superpod", su_nodes=2),
     "asymmetric": lambda: _one_way_slower(H.cluster(n_hosts=3, gpus_per_host=2, leaves=2)),
+    "rail5": lambda: make_cluster("dgx-a100", 5),  # 5 machines: a binomial tree of positions 0..4
 }
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES, ids=lambda c: c.value)
-@pytest.mark.parametrize("cluster", sorted(CLUSTERS))
-def test_spelt_out_it_is_the_synthesized_schedule_and_its_loads_are_the_verifiers(cluster, collective):
+@pytest.mark.parametrize("cluster, tree", [(c, "chain") for c in sorted(CLUSTERS)] + [("superpod", "binomial"), ("rail5", "binomial")])
+def test_spelt_out_it_is_the_synthesized_schedule_and_its_loads_are_the_verifiers(cluster, tree, collective):
     topo = CLUSTERS[cluster]()
     ranks = list(topo.compute_nodes())
-    by_rule, bound = synthesize_by_rule(topo, collective, ranks, OPTIONS)
+    options = dataclasses.replace(OPTIONS, rail_tree=tree)
+    by_rule, bound = synthesize_by_rule(topo, collective, ranks, options)
     if cluster == "asymmetric" and collective is not Collective.ALLGATHER:
         assert not topo.is_symmetric() and by_rule.scatter is not by_rule.gather
     expanded = by_rule.expand()
-    assert expanded == synthesize(topo, collective, ranks, options=OPTIONS).schedule
+    assert expanded == synthesize(topo, collective, ranks, options=options).schedule
     checked = verify(expanded, topo, size_bytes=1.0)
     checked.raise_if_failed()
     t_bw, busiest = by_rule.t_bw_s_per_byte(topo)
@@ -106,11 +108,11 @@ def test_check_names_a_route_that_leaves_the_links():
     topo, by_rule = _schedule()
     part = by_rule.gather
     rail = part.rails[1]
-    routes = rail.routes[0]
+    turn, routes = rail.hops[0, 1]
     wrong = (routes[0][0], routes[0][-1])  # straight from one GPU to the other machine's GPU
-    bad_rail = RailRoutes((((wrong,) + routes[1:]),) + rail.routes[1:], rail.turns)
+    bad_rail = RailRoutes({**rail.hops, (0, 1): (turn, (wrong,) + routes[1:])})
     bad = dataclasses.replace(by_rule, gather=dataclasses.replace(part, rails=(part.rails[0], bad_rail) + part.rails[2:]))
-    with pytest.raises(ScheduleError, match=r"gather rail 1 hop 0: route .* uses n0\.gpu1->n1\.gpu1, which is not a link"):
+    with pytest.raises(ScheduleError, match=r"gather rail 1 hop 0->1: route .* uses n0\.gpu1->n1\.gpu1, which is not a link"):
         bad.check(topo)
 
 

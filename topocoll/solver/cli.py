@@ -11,6 +11,7 @@ from topocoll.fileio import check_output_path, write_atomic
 from topocoll.solver.bound import Bound, cut_bound, in_network_bound
 from topocoll.solver.lp import SOLVERS
 from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective
+from topocoll.solver.rail_packing import RAIL_TREES
 from topocoll.solver.rule_schedule import (
     EXPAND_MAX_TRANSFERS,
     RULE_COLLECTIVES,
@@ -89,6 +90,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output", required=True, metavar="SCHEDULE.json", help="where to write the schedule")
     add_format_option(p, by_rule=True)
+    p.add_argument(
+        "--rail-tree",
+        choices=RAIL_TREES,
+        default="chain",
+        help="with --format 3, the tree each rank's data follows from machine to machine: chain (default; "
+        "neighbours, for oversubscribed networks) or binomial (log2(machines) deep, for non-blocking ones)",
+    )
     p.set_defaults(func=run_synthesize)
 
     v = subparsers.add_parser(
@@ -159,7 +167,9 @@ def run_synthesize(args: argparse.Namespace) -> int:
     root = (args.root if args.root is not None else 0) if collective.is_rooted else None
     if args.root is not None and not collective.is_rooted:
         raise UsageError(f"--root applies to broadcast and reduce, not {collective.value}")
-    options = SynthesisOptions(time_limit_s=args.time_limit, solver=args.solver)
+    if args.rail_tree != "chain" and args.format != 3:
+        raise UsageError("--rail-tree applies to --format 3 (otherwise the planner weighs both rail trees)")
+    options = SynthesisOptions(time_limit_s=args.time_limit, solver=args.solver, rail_tree=args.rail_tree)
     if args.format == 3:
         return _synthesize_by_rule(args, topology, collective, ranks, size, options)
     started = time.perf_counter()
@@ -234,7 +244,8 @@ def _synthesize_by_rule(
         f"{'bound':<12}algbw {format_bandwidth(bound.algbw_bytes_per_s):>12}",
         _bandwidth_line(
             "schedule", report_size, t_bw_per_byte * report_size, bound,
-            f"  [hierarchical by rule, {parts.tree_count} trees, pipeline {schedule.pipeline}; busiest link {busiest[0]} -> {busiest[1]}]",
+            f"  [hierarchical by rule, {args.rail_tree} rail tree, {parts.tree_count} trees, pipeline {schedule.pipeline}; "
+            f"busiest link {busiest[0]} -> {busiest[1]}]",
         ),
         f"{'solved in':<12}{elapsed:.2f} s ({options.solver})",
         f"{'wrote':<12}{args.output} ({FORMAT_RULE}, {len(text) / 1e6:.1f} MB)",

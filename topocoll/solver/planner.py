@@ -40,6 +40,7 @@ from topocoll.errors import ScheduleError, SolverError
 from topocoll.solver import baselines
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.direct import direct
+from topocoll.solver.rail_packing import host_groups
 from topocoll.solver.events import compile_events, simulate_events
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import NATIVE, Collective, Schedule
@@ -416,6 +417,11 @@ def _choose(candidates: Sequence[Candidate], size_bytes: float | None, topology:
     return candidates[index]
 
 
+def _packs_by_rails(topology: Topology, collective: Collective, ranks: Sequence[str], options: SynthesisOptions) -> bool:
+    """Whether :func:`~topocoll.solver.synthesize.pack_for` packs these ranks hierarchically."""
+    return not collective.is_rooted and len(ranks) > options.flat_max_ranks and host_groups(topology, ranks) is not None
+
+
 def plan_collective(
     topology: Topology,
     collective: Collective | str,
@@ -510,6 +516,14 @@ def plan_collective(
         for depth in depths:
             name = "lp" if depth == 1 else f"lp-pipeline{depth}"
             consider(name, layout(collective, ranks, root, gather, scatter, depth, digest, name=name))
+        if _packs_by_rails(topology, collective, ranks, options):
+            # The same machines' trees joined by a binomial rail tree instead of a chain: as fast
+            # by bandwidth where the network carries its long hops, log2(machines) levels deep.
+            shallow = dataclasses.replace(options, rail_tree="binomial")
+            gather, scatter = pack_for(topology, collective, ranks, root, bound, shallow)
+            for depth in depths:
+                name = "lp-binomial" if depth == 1 else f"lp-binomial-pipeline{depth}"
+                consider(name, layout(collective, ranks, root, gather, scatter, depth, digest, name=name))
         if not lp_optimal:
             warnings.append("the LP stopped at its time limit before reaching the bound")
     except SolverError as exc:

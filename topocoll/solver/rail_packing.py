@@ -84,22 +84,51 @@ def _rename(tree: Tree, old: str, new: str) -> Tree:
     return replace(tree, arcs=tuple((p, c, tuple(move(x) for x in path)) for p, c, path in tree.arcs))
 
 
-@dataclass(frozen=True, slots=True)
+#: How a rank's data travels along its rail, from machine to machine (see :func:`rail_tree`).
+RAIL_TREES = ("chain", "binomial")
+
+
+def rail_tree(kind: str, n_hosts: int) -> tuple[tuple[int, int], ...]:
+    """The tree every rail's data follows over machine positions ``0 .. n_hosts - 1``, root 0.
+
+    Rotated to start at each machine in turn, every position plays every role once, so each
+    rank's NIC sends and receives ``n_hosts - 1`` shards whatever the tree: all of them are
+    bandwidth-optimal where the network carries them. They differ in depth and in reach:
+
+    - ``"chain"``: 0 -> 1 -> ... -> n_hosts - 1, depth ``n_hosts - 1``; each hop joins
+      neighbours, which share a leaf switch where the network is cabled in machine order (the
+      choice for oversubscribed networks);
+    - ``"binomial"``: position ``v``'s parent is ``v`` less its highest set bit, so its depth is
+      its number of set bits, at most ``ceil(log2 n_hosts)``; hops of ``2^k`` positions cross
+      the spines (the choice for non-blocking networks at scale, where the chain's depth costs
+      latency).
+
+    Returns
+    -------
+    tuple of (int, int)
+        ``(parent, child)`` positions, parents before children.
+    """
+    if kind == "chain":
+        return tuple((p, p + 1) for p in range(n_hosts - 1))
+    if kind == "binomial":
+        children = sorted(range(1, n_hosts), key=lambda v: (bin(v).count("1"), v))
+        return tuple((v - (1 << (v.bit_length() - 1)), v) for v in children)
+    raise SolverError(f"rail tree must be one of {', '.join(RAIL_TREES)}, got {kind!r}")
+
+
+@dataclass(frozen=True)
 class RailRoutes:
-    """The chains of one rail: how each hop between consecutive hosts is routed.
+    """How one rail's hops between machines are routed.
 
     Attributes
     ----------
-    routes : tuple of tuple of path
-        ``routes[a]``: the routes of the hop from host ``a`` to host ``a + 1`` (mod the host
-        count), from the rail member of one to that of the other; chains crossing the hop take
-        them in turn.
-    turns : tuple of int
-        ``turns[a]``: the route the hop's first chain takes.
+    hops : dict of (int, int) to (int, tuple of path)
+        ``hops[a, b]``: for the hop from machine ``a`` to machine ``b``, from the rail member of
+        one to that of the other, the turn of its first crossing and its routes; the trees
+        crossing the hop take the routes in turn.
     """
 
-    routes: tuple[tuple[tuple[str, ...], ...], ...]
-    turns: tuple[int, ...]
+    hops: dict[tuple[int, int], tuple[int, tuple[tuple[str, ...], ...]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +138,10 @@ class RailPacking:
     Composed tree ``(h, i, j)`` (host ``h``, local index ``i``, copy ``j < copies``) is rooted
     at rank ``hosts[h][i]`` and carries ``1 / copies`` of its data:
 
-    - rail arcs: for ``k = 0 .. H - 2`` the hop ``a = h + k`` (mod ``H``) from ``hosts[a][i]`` to
-      ``hosts[a + 1][i]``, by route ``rails[i].routes[a][(rails[i].turns[a] + t) % R]``, ``R``
-      routes, where ``t = ((h - a - 2) mod H) * copies + j`` counts the chains crossing it;
+    - rail arcs: for the ``e``-th arc ``(p, c)`` of ``tree``, the hop from ``hosts[a][i]`` to
+      ``hosts[b][i]``, ``a = (h + p) mod H``, ``b = (h + c) mod H``, by route ``routes[(turn + t)
+      % R]`` of ``rails[i].hops[a, b] = (turn, routes)``, where ``t = k * copies + j`` and ``k``
+      counts the arcs of ``tree`` before ``e`` that span as many positions, ``(c - p) mod H``;
     - host arcs: in every host ``o``, slot ``s = h * copies + j`` of local root ``i``: the trees
       of ``host_trees[o][i]`` take consecutive slots, as many as their counts.
 
@@ -120,6 +150,8 @@ class RailPacking:
     hosts : tuple of tuple of int
         Rank indices per host, the same count on each.
     copies : int
+    tree : tuple of (int, int)
+        The rail tree over host positions (:func:`rail_tree`), root 0, parents before children.
     rails : tuple of RailRoutes
         One per local index.
     host_trees : tuple of tuple of tuple of (Tree, int)
@@ -129,6 +161,7 @@ class RailPacking:
 
     hosts: tuple[tuple[int, ...], ...]
     copies: int
+    tree: tuple[tuple[int, int], ...]
     rails: tuple[RailRoutes, ...]
     host_trees: tuple[tuple[tuple[tuple[Tree, int], ...], ...], ...]
 
@@ -137,12 +170,23 @@ class RailPacking:
         """Composed trees: one per rank and copy."""
         return len(self.hosts) * len(self.hosts[0]) * self.copies
 
-    def chain_route(self, rail: int, hop: int, root_host: int, copy: int) -> tuple[str, ...]:
-        """The route composed tree ``(root_host, rail, copy)`` takes across ``hop``."""
-        n_hosts = len(self.hosts)
-        routes = self.rails[rail].routes[hop]
-        t = ((root_host - hop - 2) % n_hosts) * self.copies + copy
-        return routes[(self.rails[rail].turns[hop] + t) % len(routes)]
+    def spans(self) -> dict[int, int]:
+        """How many arcs of ``tree`` span each distance (positions, mod the host count)."""
+        return _spans(self.tree, len(self.hosts))
+
+    def rail_arcs(self, rail: int, root_host: int, copy: int) -> list[tuple[int, int, tuple[str, ...]]]:
+        """The rail arcs ``(rank, rank, route)`` of composed tree ``(root_host, rail, copy)``."""
+        n_hosts, hosts, hops = len(self.hosts), self.hosts, self.rails[rail].hops
+        before: dict[int, int] = {}
+        arcs = []
+        for p, c in self.tree:
+            span = (c - p) % n_hosts
+            k = before.get(span, 0)
+            before[span] = k + 1
+            a, b = (root_host + p) % n_hosts, (root_host + c) % n_hosts
+            turn, routes = hops[a, b]
+            arcs.append((hosts[a][rail], hosts[b][rail], routes[(turn + k * self.copies + copy) % len(routes)]))
+        return arcs
 
     def host_tree(self, host: int, local_root: int, slot: int) -> Tree:
         """The host tree slot ``slot`` of ``local_root`` takes in ``host``."""
@@ -163,6 +207,7 @@ def pack_by_rails(
     time_limit_s: float = 60.0,
     gap: float = 1e-4,
     host_trees_per_root: int | None = None,
+    tree: str = "chain",
 ) -> Packing:
     """Pack composed rail x host trees for every rank (see the module docstring).
 
@@ -178,6 +223,8 @@ def pack_by_rails(
         Passed to the intra-host packings.
     host_trees_per_root : int, optional
         Intra-host trees kept per root (default: all the LP uses).
+    tree : str
+        The rail tree between machines (:func:`rail_tree`).
 
     Returns
     -------
@@ -185,7 +232,8 @@ def pack_by_rails(
         Trees over all ranks; ``time_per_unit_s`` is not filled in (0) — verify the schedule.
     """
     parts = rail_packing(
-        topology, ranks, groups, reverse=reverse, solver=solver, time_limit_s=time_limit_s, gap=gap, host_trees_per_root=host_trees_per_root
+        topology, ranks, groups, reverse=reverse, solver=solver, time_limit_s=time_limit_s, gap=gap,
+        host_trees_per_root=host_trees_per_root, tree=tree,
     )
     return compose(parts)
 
@@ -200,8 +248,12 @@ def rail_packing(
     time_limit_s: float = 60.0,
     gap: float = 1e-4,
     host_trees_per_root: int | None = None,
+    tree: str = "chain",
 ) -> RailPacking:
-    """The parts of :func:`pack_by_rails`'s packing, not yet composed (same parameters)."""
+    """The parts of :func:`pack_by_rails`'s packing, not yet composed (same parameters).
+
+    ``tree`` names the rail tree (:func:`rail_tree`) every rank's data follows between machines.
+    """
     n_local = len(groups[0])
     kind = Collective.REDUCE_SCATTER if reverse else Collective.ALLGATHER
     n_hosts = len(groups)
@@ -212,8 +264,9 @@ def rail_packing(
     # Rail trees: a chain along the hosts in order, for every member of every rail, each hop on
     # the fewest-hop route (out through the member's own NIC). Packing rails separately by LP
     # would let each rail borrow the other rails' NICs through the host's PCIe tree.
-    rails = _rail_routes(topology, [[ranks[g[i]] for g in groups] for i in range(n_local)], reverse, copies)
-    rail_links = {hop for rail in rails for routes in rail.routes for path in routes for hop in zip(path, path[1:])}
+    between = rail_tree(tree, n_hosts)
+    rails = _rail_routes(topology, [[ranks[g[i]] for g in groups] for i in range(n_local)], reverse, copies, between)
+    rail_links = {hop for rail in rails for _, routes in rail.hops.values() for path in routes for hop in zip(path, path[1:])}
     # Host trees: packed inside the host's own subgraph, once per host shape.
     solved: dict[tuple, tuple[str, Packing]] = {}
     per_host: list[Packing] = []
@@ -250,7 +303,7 @@ def rail_packing(
         tuple(_deal([t for t in packing.trees if t.root == i], slots) for i in range(n_local)) for packing in per_host
     )
     log.info("hierarchical packing: %d hosts x %d ranks, %d composed trees", n_hosts, n_local, n_hosts * n_local * copies)
-    return RailPacking(tuple(tuple(g) for g in groups), copies, tuple(rails), host_trees)
+    return RailPacking(tuple(tuple(g) for g in groups), copies, between, tuple(rails), host_trees)
 
 
 def compose(parts: RailPacking) -> Packing:
@@ -260,16 +313,12 @@ def compose(parts: RailPacking) -> Packing:
     this is quadratic in the ranks: keep ``parts`` where that is too many.
     """
     groups, copies = parts.hosts, parts.copies
-    n_hosts = len(groups)
     composed: list[Tree] = []
     for h, group in enumerate(groups):
         for i in range(len(group)):
             root = group[i]
             for j in range(copies):
-                arcs = []
-                for k in range(n_hosts - 1):
-                    a = (h + k) % n_hosts
-                    arcs.append((groups[a][i], groups[(a + 1) % n_hosts][i], parts.chain_route(i, a, h, j)))
+                arcs = parts.rail_arcs(i, h, j)
                 for other, other_group in enumerate(groups):
                     tree = parts.host_tree(other, i, h * copies + j)
                     arcs.extend((other_group[p], other_group[c], path) for p, c, path in tree.arcs)
@@ -291,13 +340,22 @@ def _host_subgraph(topology: Topology, host: str, nodes: list[Node], inside: lis
         return Topology(nodes, inside, name=f"{topology.name}:{host}")
 
 
-def _rail_routes(topology: Topology, rails: Sequence[Sequence[str]], reverse: bool, copies: int) -> list[RailRoutes]:
-    """Per rail, the routes of its hops between consecutive members (a ring in member order).
+def _spans(tree: Sequence[tuple[int, int]], n_hosts: int) -> dict[int, int]:
+    spans: dict[int, int] = {}
+    for p, c in tree:
+        spans[(c - p) % n_hosts] = spans.get((c - p) % n_hosts, 0) + 1
+    return spans
+
+
+def _rail_routes(
+    topology: Topology, rails: Sequence[Sequence[str]], reverse: bool, copies: int, tree: Sequence[tuple[int, int]]
+) -> list[RailRoutes]:
+    """Per rail, the routes of the hops its rotated ``tree`` takes between members.
 
     Each hop takes a fewest-hop route. Where the network offers several equally short ones (a
-    hop between leaves may cross any spine of a fat tree), the chains that cross a hop take them
+    hop between leaves may cross any spine of a fat tree), the trees that cross a hop take them
     in turn, and the turn goes on from hop to hop and rail to rail between the same two
-    switches, so that every route between them carries the same number of chains, give or take
+    switches, so that every route between them carries the same number of trees, give or take
     one, instead of all piling onto the one a shortest-path search happens to return.
     """
     spread = _SwitchRoutes(topology, reverse)
@@ -307,17 +365,17 @@ def _rail_routes(topology: Topology, rails: Sequence[Sequence[str]], reverse: bo
         net = RankNetwork(topology, members, reverse)
         cost, pred = net.routes(np.ones(len(net.cap)))
         n = len(members)
-        routes, turns = [], []
+        hops = {}
         for a in range(n):
-            b = (a + 1) % n
-            if not np.isfinite(cost[a, b]):
-                raise SolverError(f"{members[b]} cannot be reached from {members[a]} across the network")
-            key, choices = spread.alternatives(net.path(pred, a, b)[1])
-            start = turn.get(key, 0)
-            routes.append(tuple(choices))
-            turns.append(start)
-            turn[key] = (start + (n - 1) * copies) % len(choices)
-        result.append(RailRoutes(tuple(routes), tuple(turns)))
+            for span, count in sorted(_spans(tree, n).items()):
+                b = (a + span) % n
+                if not np.isfinite(cost[a, b]):
+                    raise SolverError(f"{members[b]} cannot be reached from {members[a]} across the network")
+                key, choices = spread.alternatives(net.path(pred, a, b)[1])
+                start = turn.get(key, 0)
+                hops[a, b] = (start, tuple(choices))
+                turn[key] = (start + count * copies) % len(choices)
+        result.append(RailRoutes(hops))
     return result
 
 

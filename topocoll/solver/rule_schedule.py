@@ -130,9 +130,10 @@ class RuleSchedule:
             backwards = what == "scatter"
             per_tree = 1.0 / (n * part.copies)  # each rank's 1/n of the buffer, 1/copies per tree
             n_hosts = len(part.hosts)
-            crossings = (n_hosts - 1) * part.copies
+            spans = part.spans()
             for rail in part.rails:
-                for routes, turn in zip(rail.routes, rail.turns):
+                for (a, b), (turn, routes) in rail.hops.items():
+                    crossings = spans[(b - a) % n_hosts] * part.copies
                     for k, path in enumerate(routes):
                         # crossings t with (turn + t) % len(routes) == k
                         first = (k - turn) % len(routes)
@@ -162,9 +163,9 @@ class RuleSchedule:
             backwards = what == "scatter"
             hosts = part.hosts
             for i, rail in enumerate(part.rails):
-                for a, (routes, turn) in enumerate(zip(rail.routes, rail.turns)):
-                    src, dst = self.ranks[hosts[a][i]], self.ranks[hosts[(a + 1) % len(hosts)][i]]
-                    where = f"{what} rail {i} hop {a}"
+                for (a, b), (turn, routes) in sorted(rail.hops.items()):
+                    src, dst = self.ranks[hosts[a][i]], self.ranks[hosts[b][i]]
+                    where = f"{what} rail {i} hop {a}->{b}"
                     if not routes or not 0 <= turn < len(routes):
                         raise ScheduleError(f"{where}: needs a route, and a turn among them")
                     for path in routes:
@@ -200,7 +201,8 @@ class RuleSchedule:
             return {
                 "hosts": [list(h) for h in part.hosts],
                 "copies": part.copies,
-                "rails": [{"routes": [[p(x) for x in routes] for routes in r.routes], "turns": list(r.turns)} for r in part.rails],
+                "tree": [list(arc) for arc in part.tree],
+                "rails": [[[a, b, turn, [p(x) for x in routes]] for (a, b), (turn, routes) in sorted(r.hops.items())] for r in part.rails],
                 "host_trees": [
                     [[[[[pa, ch, p(path)] for pa, ch, path in tree.arcs], count] for tree, count in trees] for trees in per_root]
                     for per_root in part.host_trees
@@ -266,7 +268,7 @@ def synthesize_by_rule(
         Rank nodes, in rank order, a regular multi-host set
         (:func:`~topocoll.solver.rail_packing.host_groups`).
     options : SynthesisOptions
-        ``pipeline``, ``solver``, ``time_limit_s`` and ``gap`` apply.
+        ``pipeline``, ``rail_tree``, ``solver``, ``time_limit_s`` and ``gap`` apply.
 
     Returns
     -------
@@ -285,7 +287,7 @@ def synthesize_by_rule(
     if groups is None:
         raise SolverError("a schedule by rule needs the ranks on at least two hosts, the same number (at least two) on each")
     bound = cut_bound(topology, collective, ranks)
-    kwargs = dict(solver=options.solver, time_limit_s=options.time_limit_s, gap=options.gap)
+    kwargs = dict(solver=options.solver, time_limit_s=options.time_limit_s, gap=options.gap, tree=options.rail_tree)
     gather = scatter = None
     if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
         gather = rail_packing(topology, ranks, groups, **kwargs)
@@ -335,8 +337,9 @@ def _from_json_dict(data: Any) -> RuleSchedule:
         return RailPacking(
             tuple(tuple(_int(r, "hosts") for r in host) for host in entry["hosts"]),
             _int(entry["copies"], "copies"),
+            tuple((_int(pa, "tree"), _int(ch, "tree")) for pa, ch in entry["tree"]),
             tuple(
-                RailRoutes(tuple(tuple(path(x) for x in routes) for routes in rail["routes"]), tuple(_int(t, "turns") for t in rail["turns"]))
+                RailRoutes({(_int(a, "hop"), _int(b, "hop")): (_int(turn, "turn"), tuple(path(x) for x in routes)) for a, b, turn, routes in rail})
                 for rail in entry["rails"]
             ),
             tuple(
@@ -400,8 +403,21 @@ def _check_hosts(part: RailPacking, n: int) -> None:
         raise ScheduleError(f"hosts must split ranks 0..{n - 1} into at least two hosts of one size")
     if part.copies < 1:
         raise ScheduleError(f"copies must be >= 1, got {part.copies}")
-    if len(part.rails) != len(hosts[0]) or any(len(r.routes) != len(hosts) or len(r.turns) != len(hosts) for r in part.rails):
-        raise ScheduleError(f"need a rail per rank of a host ({len(hosts[0])}), each with a route list and a turn per host ({len(hosts)})")
+    n_hosts = len(hosts)
+    reached = {0}
+    for parent, child in part.tree:
+        if parent not in reached or child in reached or not 0 <= child < n_hosts:
+            raise ScheduleError(f"rail tree arc {parent}->{child} does not grow a tree over hosts 0..{n_hosts - 1} from 0")
+        reached.add(child)
+    if len(reached) != n_hosts:
+        raise ScheduleError(f"the rail tree reaches {len(reached)} of {n_hosts} hosts")
+    needed = {(a, (a + span) % n_hosts) for a in range(n_hosts) for span in part.spans()}
+    if len(part.rails) != len(hosts[0]):
+        raise ScheduleError(f"need a rail per rank of a host ({len(hosts[0])}), got {len(part.rails)}")
+    for i, rail in enumerate(part.rails):
+        if set(rail.hops) != needed:
+            missing = sorted(needed - set(rail.hops)) or sorted(set(rail.hops) - needed)
+            raise ScheduleError(f"rail {i}: its hops must be those the rotated rail tree takes (hop {missing[0][0]}->{missing[0][1]} is not)")
     if len(part.host_trees) != len(hosts) or any(len(per_root) != len(hosts[0]) for per_root in part.host_trees):
         raise ScheduleError(f"need host trees for every host ({len(hosts)}) and every local root ({len(hosts[0])})")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from topocoll.errors import SolverError
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.packing import Packing, Tree, pack_trees
-from topocoll.solver.rail_packing import host_groups, pack_by_rails
+from topocoll.solver.rail_packing import RAIL_TREES, host_groups, pack_by_rails
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.topo.model import Topology
@@ -55,6 +55,9 @@ class SynthesisOptions:
         Above this many ranks on a regular multi-host set, pack hierarchically
         (:mod:`topocoll.solver.rail_packing`): flat column generation over 64 ranks takes about a
         minute on two cores, the hierarchical one seconds.
+    rail_tree : str
+        When packing hierarchically, the tree each rank's data follows between machines
+        (:func:`topocoll.solver.rail_packing.rail_tree`: ``"chain"`` or ``"binomial"``).
     """
 
     pipeline: int = 1
@@ -63,12 +66,15 @@ class SynthesisOptions:
     solver: str = "highs"
     max_trees_per_root: int | None = None
     flat_max_ranks: int = 32
+    rail_tree: str = "chain"
 
     def __post_init__(self) -> None:
         if self.pipeline < 1:
             raise SolverError(f"pipeline must be >= 1, got {self.pipeline}")
         if not self.time_limit_s > 0:
             raise SolverError(f"time limit must be > 0 s, got {self.time_limit_s}")
+        if self.rail_tree not in RAIL_TREES:
+            raise SolverError(f"rail tree must be one of {', '.join(RAIL_TREES)}, got {self.rail_tree!r}")
 
 
 def pack_for(
@@ -97,7 +103,8 @@ def pack_for(
     def pack(reverse: bool) -> Packing:
         if groups is not None:
             return pack_by_rails(
-                topology, ranks, groups, reverse=reverse, solver=options.solver, time_limit_s=options.time_limit_s, gap=options.gap
+                topology, ranks, groups, reverse=reverse, solver=options.solver, time_limit_s=options.time_limit_s, gap=options.gap,
+                tree=options.rail_tree,
             )
         return pack_trees(topology, ranks, roots, reverse=reverse, seed_orders=[list(range(n))], **kwargs)
 
