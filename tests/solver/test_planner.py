@@ -356,3 +356,22 @@ def test_a_plan_too_large_to_verify_is_refused_before_synthesis(monkeypatch):
     topo = H.nvswitch_box(8)
     with pytest.raises(ScheduleError, match=r"verifying schedule multichannel_ring \(8 ranks x 16 chunks\)"):
         verify(multichannel_ring(topo, Collective.ALLGATHER, channels=2), topo)
+
+
+def test_binomial_rail_trees_are_weighed_only_where_the_network_carries_their_hops():
+    """8 DGX H100 (64 ranks: packed by rails). On rails of one leaf each, a binomial tree of the
+    8 machines is as fast by bandwidth as the chain and 3 levels deep instead of 7, and wins at
+    64 MiB. On 32-port leaves at 2:1 (two machines per leaf, uplinks exactly as fast as their
+    8 rails) its hops of 2 and 4 machines all leave the leaf where the chain's leave once per
+    two machines: slower by bandwidth, it is not weighed."""
+    from topocoll.topo.cluster import make_cluster
+
+    rails = plan_collective(make_cluster("dgx-h100", 8), Collective.ALLGATHER, size_bytes=64 << 20)
+    names = {c.name for c in rails.candidates}
+    assert {"lp-binomial", "lp-binomial-pipeline16"} <= names
+    assert rails.chosen.name.startswith("lp-binomial")
+    assert rails.ratio_to_bound == pytest.approx(1.0, abs=1e-6)
+    fat = make_cluster("dgx-h100", 8, network="fat-tree", oversubscription=2.0, switch_radix=32)
+    plan = plan_collective(fat, Collective.ALLGATHER, size_bytes=64 << 20)
+    assert not any(c.name.startswith("lp-binomial") for c in plan.candidates)
+    assert plan.chosen.name.startswith("lp") and plan.ratio_to_bound > 0.99  # the chain: 99.3 %, see test_rail_packing

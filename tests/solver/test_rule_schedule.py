@@ -52,6 +52,7 @@ def test_spelt_out_it_is_the_synthesized_schedule_and_its_loads_are_the_verifier
         assert not topo.is_symmetric() and by_rule.scatter is not by_rule.gather
     expanded = by_rule.expand()
     assert expanded == synthesize(topo, collective, ranks, options=options).schedule
+    assert RuleSchedule.from_json(by_rule.to_json()).expand() == expanded
     checked = verify(expanded, topo, size_bytes=1.0)
     checked.raise_if_failed()
     t_bw, busiest = by_rule.t_bw_s_per_byte(topo)

@@ -516,14 +516,23 @@ def plan_collective(
         for depth in depths:
             name = "lp" if depth == 1 else f"lp-pipeline{depth}"
             consider(name, layout(collective, ranks, root, gather, scatter, depth, digest, name=name))
-        if _packs_by_rails(topology, collective, ranks, options):
+        if _packs_by_rails(topology, collective, ranks, options) and candidates:
             # The same machines' trees joined by a binomial rail tree instead of a chain: as fast
             # by bandwidth where the network carries its long hops, log2(machines) levels deep.
+            # Only then is it weighed: where its hops crowd the spines (2:1 fat trees: half the
+            # chain's bandwidth) the lock-step model would still credit it with the chain's
+            # depth, which overlapped pipelining hides.
+            chain_t_bw = candidates[0].t_bw_s_per_byte
             shallow = dataclasses.replace(options, rail_tree="binomial")
             gather, scatter = pack_for(topology, collective, ranks, root, bound, shallow)
+            first = len(candidates)
             for depth in depths:
                 name = "lp-binomial" if depth == 1 else f"lp-binomial-pipeline{depth}"
                 consider(name, layout(collective, ranks, root, gather, scatter, depth, digest, name=name))
+                if len(candidates) > first and candidates[first].t_bw_s_per_byte > chain_t_bw * (1 + NEAR_TIE):
+                    log.info("binomial rail tree dropped: %.2fx the chain's bandwidth time", candidates[first].t_bw_s_per_byte / chain_t_bw)
+                    del candidates[first:]
+                    break
         if not lp_optimal:
             warnings.append("the LP stopped at its time limit before reaching the bound")
     except SolverError as exc:

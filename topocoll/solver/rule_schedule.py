@@ -197,12 +197,28 @@ class RuleSchedule:
                 paths.append([number[node] for node in path])
             return path_number[path]
 
+        vias: list[list[int]] = []
+        via_number: dict[tuple[int, ...], int] = {}
+
+        def hop(routes: tuple[tuple[str, ...], ...]) -> list[Any]:
+            """``[[route, ...]]``, or ``[head, via, tail]`` for routes that differ in the middle only."""
+            if len(routes) == 1:
+                return [[p(routes[0])]]
+            pre = _common(routes)
+            suf = _common([r[::-1] for r in routes])
+            head, tail = routes[0][: pre - 1], routes[0][len(routes[0]) - suf + 1 :]
+            middles = tuple(p(r[pre - 1 : len(r) - suf + 1]) for r in routes)
+            if middles not in via_number:
+                via_number[middles] = len(vias)
+                vias.append(list(middles))
+            return [p(head), via_number[middles], p(tail)]
+
         def packing(part: RailPacking) -> dict[str, Any]:
             return {
                 "hosts": [list(h) for h in part.hosts],
                 "copies": part.copies,
                 "tree": [list(arc) for arc in part.tree],
-                "rails": [[[a, b, turn, [p(x) for x in routes]] for (a, b), (turn, routes) in sorted(r.hops.items())] for r in part.rails],
+                "rails": [[[a, b, turn, *hop(routes)] for (a, b), (turn, routes) in sorted(r.hops.items())] for r in part.rails],
                 "host_trees": [
                     [[[[[pa, ch, p(path)] for pa, ch, path in tree.arcs], count] for tree, count in trees] for trees in per_root]
                     for per_root in part.host_trees
@@ -226,6 +242,7 @@ class RuleSchedule:
             "pipeline": self.pipeline,
             "nodes": nodes,
             "paths": paths,
+            "vias": vias,
             "gather": gather,
             "scatter": scatter,
         }
@@ -329,9 +346,16 @@ def _from_json_dict(data: Any) -> RuleSchedule:
     ranks = tuple(_str(x, "ranks") for x in data["ranks"])
     nodes = ranks + tuple(_str(x, "nodes") for x in data["nodes"])
     paths = [tuple(nodes[_int(k, "paths")] for k in path) for path in data["paths"]]
+    vias = [tuple(_int(k, "vias") for k in via) for via in data.get("vias", [])]
 
     def path(k: Any) -> tuple[str, ...]:
         return paths[_int(k, "path number")]
+
+    def routes(entry: list) -> tuple[tuple[str, ...], ...]:
+        if len(entry) == 1:  # [[route, ...]]
+            return tuple(path(x) for x in entry[0])
+        head, via, tail = entry  # routes that differ between a shared head and tail
+        return tuple(path(head) + path(middle) + path(tail) for middle in vias[_int(via, "via")])
 
     def packing(entry: Mapping[str, Any]) -> RailPacking:
         return RailPacking(
@@ -339,7 +363,7 @@ def _from_json_dict(data: Any) -> RuleSchedule:
             _int(entry["copies"], "copies"),
             tuple((_int(pa, "tree"), _int(ch, "tree")) for pa, ch in entry["tree"]),
             tuple(
-                RailRoutes({(_int(a, "hop"), _int(b, "hop")): (_int(turn, "turn"), tuple(path(x) for x in routes)) for a, b, turn, routes in rail})
+                RailRoutes({(_int(hop[0], "hop"), _int(hop[1], "hop")): (_int(hop[2], "turn"), routes(hop[3:])) for hop in rail})
                 for rail in entry["rails"]
             ),
             tuple(
@@ -382,6 +406,14 @@ def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ScheduleError(f"{where}: expected an integer, got {value!r}")
     return value
+
+
+def _common(routes: Sequence[tuple[str, ...]]) -> int:
+    """Length of the prefix every route shares, short of the shortest route."""
+    k, shortest = 0, min(len(r) for r in routes) - 1
+    while k < shortest and all(r[k] == routes[0][k] for r in routes):
+        k += 1
+    return k
 
 
 def _reversed(packing: Packing) -> Packing:
