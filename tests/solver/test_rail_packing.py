@@ -7,7 +7,7 @@ import pytest
 
 from tests.solver import helpers as H
 from tests.solver.helpers import BOUNDED, MIN_RATIO, NEVER_BELOW, ratio_to_bound
-from topocoll.solver.rail_packing import host_groups, pack_by_rails
+from topocoll.solver.rail_packing import compose, host_groups, rail_packing
 from topocoll.solver.schedule import Collective
 from topocoll.solver.synthesize import SynthesisOptions, synthesize
 from topocoll.topo.model import LinkKind, Node, NodeKind, Topology, TopologyBuilder
@@ -46,7 +46,7 @@ def test_hierarchical_host_trees_stay_inside_their_host(reverse):
     ranks = list(topo.compute_nodes())
     groups = host_groups(topo, ranks)
     assert groups is not None and len(groups) == 2
-    packing = pack_by_rails(topo, ranks, groups, reverse=reverse)
+    packing = compose(rail_packing(topo, ranks, groups, reverse=reverse))
     for tree in packing.trees:
         for parent, child, path in tree.arcs:
             assert len(set(path)) == len(path), f"path visits a node twice: {path}"

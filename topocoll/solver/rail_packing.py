@@ -197,47 +197,6 @@ class RailPacking:
         raise SolverError(f"internal: slot beyond the host trees of host {host}")
 
 
-def pack_by_rails(
-    topology: Topology,
-    ranks: Sequence[str],
-    groups: list[list[int]],
-    *,
-    reverse: bool = False,
-    solver: str = "highs",
-    time_limit_s: float = 60.0,
-    gap: float = 1e-4,
-    host_trees_per_root: int | None = None,
-    tree: str = "chain",
-) -> Packing:
-    """Pack composed rail x host trees for every rank (see the module docstring).
-
-    Parameters
-    ----------
-    topology : Topology
-    ranks : sequence of str
-    groups : list of list of int
-        Rank indices per host, from :func:`host_groups`.
-    reverse : bool
-        Pack on the reversed graph (reduce-scatter), as :func:`pack_trees` does.
-    solver, time_limit_s, gap
-        Passed to the intra-host packings.
-    host_trees_per_root : int, optional
-        Intra-host trees kept per root (default: all the LP uses).
-    tree : str
-        The rail tree between machines (:func:`rail_tree`).
-
-    Returns
-    -------
-    Packing
-        Trees over all ranks; ``time_per_unit_s`` is not filled in (0) — verify the schedule.
-    """
-    parts = rail_packing(
-        topology, ranks, groups, reverse=reverse, solver=solver, time_limit_s=time_limit_s, gap=gap,
-        host_trees_per_root=host_trees_per_root, tree=tree,
-    )
-    return compose(parts)
-
-
 def rail_packing(
     topology: Topology,
     ranks: Sequence[str],
@@ -250,9 +209,27 @@ def rail_packing(
     host_trees_per_root: int | None = None,
     tree: str = "chain",
 ) -> RailPacking:
-    """The parts of :func:`pack_by_rails`'s packing, not yet composed (same parameters).
+    """Pack rail x host trees for every rank (see the module docstring), kept by their parts.
 
-    ``tree`` names the rail tree (:func:`rail_tree`) every rank's data follows between machines.
+    Parameters
+    ----------
+    topology : Topology
+    ranks : sequence of str
+    groups : sequence of sequence of int
+        Rank indices per host, from :func:`host_groups`.
+    reverse : bool
+        Pack on the reversed graph (reduce-scatter), as :func:`pack_trees` does.
+    solver, time_limit_s, gap
+        Passed to the intra-host packings.
+    host_trees_per_root : int, optional
+        Intra-host trees kept per root (default: all the LP uses).
+    tree : str
+        The rail tree every rank's data follows between machines (:func:`rail_tree`).
+
+    Returns
+    -------
+    RailPacking
+        :func:`compose` gives its trees over all ranks.
     """
     n_local = len(groups[0])
     kind = Collective.REDUCE_SCATTER if reverse else Collective.ALLGATHER

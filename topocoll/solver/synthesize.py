@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from topocoll.errors import SolverError
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.packing import Packing, Tree, pack_trees
-from topocoll.solver.rail_packing import RAIL_TREES, host_groups, pack_by_rails
+from topocoll.solver.rail_packing import RAIL_TREES, compose, host_groups, rail_packing
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import Chunk, Collective, Op, Schedule, Transfer
 from topocoll.topo.model import Topology
@@ -102,10 +102,11 @@ def pack_for(
 
     def pack(reverse: bool) -> Packing:
         if groups is not None:
-            return pack_by_rails(
+            parts = rail_packing(
                 topology, ranks, groups, reverse=reverse, solver=options.solver, time_limit_s=options.time_limit_s, gap=options.gap,
                 tree=options.rail_tree,
             )
+            return compose(parts)
         return pack_trees(topology, ranks, roots, reverse=reverse, seed_orders=[list(range(n))], **kwargs)
 
     needs_gather = collective in (Collective.ALLGATHER, Collective.BROADCAST, Collective.ALLREDUCE)
