@@ -31,12 +31,12 @@ def test_alpha_beta_time_by_hand():
     sched = _two_gpu_allreduce(topo)
     # two steps; each moves half the buffer one way on each direction of the link
     expected = 2 * (size * 0.5 / bw + link_lat + overhead)
-    assert alpha_beta_time_s(sched, topo, size, overhead) == pytest.approx(expected)
+    assert alpha_beta_time_s(sched, topo, size, overhead) == pytest.approx(expected, rel=1e-6, abs=0)
     points = simulate(sched, topo, [size, 0], overhead)
-    assert points[0].time_s == pytest.approx(expected)
+    assert points[0].time_s == pytest.approx(expected, rel=1e-6, abs=0)
     assert points[0].algbw_bytes_per_s == pytest.approx(size / expected)
     assert points[0].busbw_bytes_per_s == pytest.approx(size / expected * 1.0)  # 2(n-1)/n = 1 for n=2
-    assert points[1].time_s == pytest.approx(2 * (link_lat + overhead))
+    assert points[1].time_s == pytest.approx(2 * (link_lat + overhead), rel=1e-6, abs=0)
 
 
 def test_transfers_sharing_a_link_add_up():
@@ -49,7 +49,7 @@ def test_transfers_sharing_a_link_add_up():
     )
     sched = Schedule(Collective.BROADCAST, ("gpu0", "gpu1", "gpu2"), 0, "", chunks, (step,))
     (cost,) = step_costs(sched, topo)
-    assert cost.s_per_byte == pytest.approx(1.0 / bw)  # 0.25 + 0.75 over gpu0->gpu1
+    assert cost.s_per_byte == pytest.approx(1.0 / bw, rel=1e-6, abs=0)  # 0.25 + 0.75 over gpu0->gpu1
     assert cost.latency_s == pytest.approx(topo.path_latency_s(("gpu0", "gpu1", "gpu2")))
     assert math.isclose(alpha_beta_time_s(sched, topo, 1e6), 1e6 / bw + cost.latency_s)
 

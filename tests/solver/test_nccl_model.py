@@ -195,7 +195,7 @@ def test_planner_hands_nccl_what_nccl_does_faster():
     model = nccl_native(h100, ranks)
     small = plan_collective(h100, Collective.ALLREDUCE, ranks, size_bytes=KIB, native=NATIVE_COLLECTIVES, native_model=model)
     assert small.chosen.name == NATIVE
-    assert small.chosen.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, KIB))
+    assert small.chosen.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, KIB), rel=1e-6, abs=0)
     # every candidate is predicted at least as slow as the one chosen
     assert all(c.predicted_time_s >= small.chosen.predicted_time_s * (1 - 1e-9) for c in small.candidates)
     # a collective the runtime cannot hand over gets no native candidate
@@ -213,14 +213,14 @@ def test_schedules_are_held_to_nccls_efficiency_and_fixed_cost():
     held = plan_collective(pcie, Collective.ALLREDUCE, ranks, size_bytes=64 * MIB, native=NATIVE_COLLECTIVES, native_model=model)
     assert held.chosen.name != NATIVE
     native = held.candidate(NATIVE)
-    assert native.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, 64 * MIB))
-    assert native.t_bw_s_per_byte == pytest.approx(1 / model.algbw_bytes_per_s(Collective.ALLREDUCE))
+    assert native.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, 64 * MIB), rel=1e-6, abs=0)
+    assert native.t_bw_s_per_byte == pytest.approx(1 / model.algbw_bytes_per_s(Collective.ALLREDUCE), rel=1e-6, abs=0)
     for before in raw.candidates:
         after = held.candidate(before.name)
         bandwidth = before.t_bw_s_per_byte * 64 * MIB
         latency = max(0.0, before.predicted_time_s - bandwidth) * model.latency_factor
         expected = model.call_overhead_s + latency + bandwidth / model.p2p_efficiency
-        assert after.predicted_time_s == pytest.approx(expected)
+        assert after.predicted_time_s == pytest.approx(expected, rel=1e-6, abs=0)
     assert held.chosen.predicted_time_s < native.predicted_time_s
 
 

@@ -85,7 +85,7 @@ def _check_plan(topo, collective, ranks=None):
     result = plan_collective(topo, collective, ranks, size_bytes=SIZE_BYTES)
     checked = verify(result.schedule, topo, size_bytes=SIZE_BYTES)
     assert checked.ok, checked.errors[:3]
-    assert result.ratio_to_bound == pytest.approx(result.bound.time_per_byte_s / checked.t_bw_s_per_byte)
+    assert result.ratio_to_bound == pytest.approx(result.bound.time_per_byte_s / checked.t_bw_s_per_byte, rel=1e-6, abs=0)
     lp_candidate = result.candidate("lp")
     assert lp_candidate is not None, f"no LP candidate: {result.warnings}"
     lp_ratio = result.bound.time_per_byte_s / lp_candidate.t_bw_s_per_byte

@@ -56,11 +56,11 @@ def test_spelt_out_it_is_the_synthesized_schedule_and_its_loads_are_the_verifier
     checked = verify(expanded, topo, size_bytes=1.0)
     checked.raise_if_failed()
     t_bw, busiest = by_rule.t_bw_s_per_byte(topo)
-    assert t_bw == pytest.approx(checked.t_bw_s, rel=1e-9)
+    assert t_bw == pytest.approx(checked.t_bw_s, rel=1e-9, abs=0)
     loads = by_rule.link_loads()
     assert set(loads) == set(checked.link_load)
     for link, load in checked.link_load.items():
-        assert loads[link] == pytest.approx(load, rel=1e-9), link
+        assert loads[link] == pytest.approx(load, rel=1e-9, abs=0), link
     assert t_bw >= bound.time_per_byte_s * (1 - 1e-9)
 
 

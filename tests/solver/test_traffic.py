@@ -46,19 +46,19 @@ def test_two_parallel_paths_by_hand():
     ranks = topo.compute_nodes()
     matrix = [[0, 8 * GB], [0, 0]]
     single = T.route_single_path(topo, ranks, matrix)
-    assert single.time_s == pytest.approx(8 / 30)  # all of it on the 30 GB/s route
+    assert single.time_s == pytest.approx(8 / 30, rel=1e-6, abs=0)  # all of it on the 30 GB/s route
     assert [s.path for s in single.splits] == [("gpu0", "sw", "gpu1")]
     direct = T.route_direct(topo, ranks, matrix)
-    assert direct.time_s == pytest.approx(8 / 30)  # the switch forwards: still no relay through a rank
+    assert direct.time_s == pytest.approx(8 / 30, rel=1e-6, abs=0)  # the switch forwards: still no relay through a rank
     optimum = T.route_lp(topo, ranks, matrix)
-    assert optimum.time_s == pytest.approx(8 / 40)  # split 1 : 3 over the two paths
+    assert optimum.time_s == pytest.approx(8 / 40, rel=1e-6, abs=0)  # split 1 : 3 over the two paths
     by_path = {s.path: s.bytes for s in optimum.splits}
     assert by_path[("gpu0", "gpu1")] == pytest.approx(2 * GB)
     assert by_path[("gpu0", "sw", "gpu1")] == pytest.approx(6 * GB)
     bound = T.traffic_bound(topo, ranks, matrix)
-    assert bound.time_s == pytest.approx(8 / 40) and bound.cut == ("gpu0",) and bound.outbound
+    assert bound.time_s == pytest.approx(8 / 40, rel=1e-6, abs=0) and bound.cut == ("gpu0",) and bound.outbound
     fast = T.route_fast(T.candidate_paths(topo, ranks), matrix)
-    assert fast.time_s == pytest.approx(8 / 40, rel=0.02)
+    assert fast.time_s == pytest.approx(8 / 40, rel=0.02, abs=0)
 
 
 def _check_routing(topo: Topology, ranks, matrix: np.ndarray, routing: T.Routing) -> None:
@@ -75,7 +75,7 @@ def _check_routing(topo: Topology, ranks, matrix: np.ndarray, routing: T.Routing
         delivered[split.src, split.dst] += split.bytes
     np.testing.assert_allclose(delivered, matrix, rtol=1e-6, atol=1e-3)
     busiest = max(load / topo.capacity(*hop) for hop, load in loads.items())
-    assert routing.time_s == pytest.approx(busiest, rel=1e-9)
+    assert routing.time_s == pytest.approx(busiest, rel=1e-9, abs=0)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +99,7 @@ def test_every_routing_delivers_and_none_beats_the_bound(name):
         schedule = T.routing_schedule(routing, topo, matrix)
         result = verify(schedule, topo, size_bytes=schedule.reference_bytes)
         assert result.ok, (routing.method, result.errors)
-        assert result.t_bw_s == pytest.approx(routing.time_s, rel=1e-9), routing.method
+        assert result.t_bw_s == pytest.approx(routing.time_s, rel=1e-9, abs=0), routing.method
     optimum = routings[0]
     assert optimum.optimal
     assert all(optimum.time_s <= r.time_s * (1 + 1e-6) for r in routings[1:])

@@ -138,12 +138,12 @@ def test_link_load_and_bandwidth_time_of_a_ring_on_an_nvswitch():
     for gpu in topo.compute_nodes():
         assert result.link_load[(gpu, "nvswitch0")] == pytest.approx(0.75)
         assert result.link_load[("nvswitch0", gpu)] == pytest.approx(0.75)
-    assert result.t_bw_s_per_byte == pytest.approx(0.75 / port_bw)
-    assert result.t_bw_s == pytest.approx(size * 0.75 / port_bw)
+    assert result.t_bw_s_per_byte == pytest.approx(0.75 / port_bw, rel=1e-6, abs=0)
+    assert result.t_bw_s == pytest.approx(size * 0.75 / port_bw, rel=1e-6, abs=0)
     assert result.bottleneck_link is not None and "nvswitch0" in result.bottleneck_link
     # α-β: 3 steps of a quarter each, plus the two-hop latency per step
     lat = topo.path_latency_s(("gpu0", "nvswitch0", "gpu1"))
-    assert result.alpha_beta_time_s == pytest.approx(3 * (size * 0.25 / port_bw + lat))
+    assert result.alpha_beta_time_s == pytest.approx(3 * (size * 0.25 / port_bw + lat), rel=1e-6, abs=0)
 
 
 def test_a_hundred_thousand_transfers_verify_quickly():
@@ -204,7 +204,7 @@ def test_hand_written_alltoall_with_a_relay_is_valid_and_weighs_chunks_by_their_
     assert result.link_load[("gpu0", "gpu1")] == pytest.approx(1.0)
     assert result.link_load[("gpu1", "gpu2")] == pytest.approx(4 / 6)
     assert result.link_load[("gpu1", "gpu0")] == pytest.approx(1 / 6)
-    assert result.t_bw_s == pytest.approx(6e6 / bw)
+    assert result.t_bw_s == pytest.approx(6e6 / bw, rel=1e-6, abs=0)
     assert result.bottleneck_link == ("gpu0", "gpu1")
 
 
