@@ -33,11 +33,11 @@ from typing import Any
 from topocoll import fileio
 from topocoll.errors import ScheduleError, SolverError, TopocollError
 from topocoll.solver.bound import Bound, cut_bound
-from topocoll.solver.packing import Packing, Tree
+from topocoll.solver.packing import Tree
 from topocoll.solver.rail_packing import RailPacking, RailRoutes, compose, host_groups, rail_packing
 from topocoll.solver.request import check_request
 from topocoll.solver.schedule import FORMAT_RULE, Collective, Schedule, without_cycle_collection
-from topocoll.solver.synthesize import SynthesisOptions, layout
+from topocoll.solver.synthesize import SynthesisOptions, layout, reverse_packing
 from topocoll.topo.model import Topology
 
 #: Most transfers :meth:`RuleSchedule.expand` spells out: about 4 GB of records (a 256-GPU plan of
@@ -119,7 +119,7 @@ class RuleSchedule:
                 "topocoll verify checks it by its parts"
             )
         gather = compose(self.gather) if self.gather is not None else None
-        scatter = _reversed(compose(self.scatter)) if self.scatter is not None else None
+        scatter = reverse_packing(compose(self.scatter)) if self.scatter is not None else None
         return layout(self.collective, self.ranks, None, gather, scatter, self.pipeline, self.topology_digest, self.name)
 
     def link_loads(self) -> dict[tuple[str, str], float]:
@@ -414,10 +414,6 @@ def _common(routes: Sequence[tuple[str, ...]]) -> int:
     while k < shortest and all(r[k] == routes[0][k] for r in routes):
         k += 1
     return k
-
-
-def _reversed(packing: Packing) -> Packing:
-    return Packing(tuple(t.reversed_paths() for t in packing.trees), packing.time_per_unit_s, packing.optimal, packing.iterations, packing.solver)
 
 
 def _add_path(loads: dict[tuple[str, str], float], path: tuple[str, ...], amount: float, backwards: bool) -> None:

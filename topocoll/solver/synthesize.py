@@ -115,15 +115,16 @@ def pack_for(
     scatter = None
     if needs_scatter:
         if gather is not None and topology.is_symmetric():
-            scatter = _reverse_packing(gather)
+            scatter = reverse_packing(gather)
         else:
             if collective is Collective.ALLREDUCE:
                 kwargs["target_time_per_unit_s"] = cut_bound(topology, Collective.REDUCE_SCATTER, ranks).time_per_byte_s * n
-            scatter = _reverse_packing(pack(reverse=True))
+            scatter = reverse_packing(pack(reverse=True))
     return gather, scatter
 
 
-def _reverse_packing(packing: Packing) -> Packing:
+def reverse_packing(packing: Packing) -> Packing:
+    """``packing`` with every path reversed: trees packed on the reversed graph, read child -> parent."""
     return Packing(
         tuple(t.reversed_paths() for t in packing.trees),
         packing.time_per_unit_s,
