@@ -244,6 +244,13 @@ def test_every_link_is_shaped_at_both_ends():
     assert not [c for c in rates_only.setup_commands() if "netem" in c]
 
 
+def test_hosts_get_the_congestion_control_and_the_fabric_does_not():
+    plan = npl.network_plan(sc.load_scenario("two-racks"), "beef")
+    setting = f"net.ipv4.tcp_congestion_control={npl.HOST_TCP_CONGESTION_CONTROL}"
+    set_in = [c[c.index("exec") + 1] for c in plan.setup_commands() if setting in c]
+    assert sorted(set_in) == sorted(plan.namespace(h) for h in raw("two-racks")["hosts"])
+
+
 def test_bad_run_id_and_subnet_are_refused():
     scenario = sc.load_scenario("uniform")
     with pytest.raises(ScenarioError, match="run id"):
@@ -450,6 +457,9 @@ def test_shaped_rate_is_within_15_percent_of_the_setting(emulated):
     assert abs(measured_bits_per_s - setting) / setting < 0.15
     qdisc = cluster.host_exec("h0", ["tc", "-s", "qdisc", "show", "dev", "eth0"]).stdout
     assert "tbf" in qdisc and "80Mbit" in qdisc
+    for host in ("h0", "h1"):
+        algorithm = cluster.host_exec(host, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"], check=True).stdout.strip()
+        assert algorithm == npl.HOST_TCP_CONGESTION_CONTROL
 
 
 @root

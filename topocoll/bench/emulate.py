@@ -14,7 +14,7 @@ Rate shaping, as measured on the 2-core machine this was written on (kernel 6.18
 R = 200 Mbit/s and 47.9 Mbit/s at R = 50 Mbit/s, both 4.3 % below R: tbf counts whole
 frames, and 1448 payload bytes travel in a 1514-byte frame (95.6 %), so the rate on the wire
 is within 0.1 % of the setting. With the parameters :func:`~topocoll.bench.scenario.qdisc_commands`
-uses (a 2 ms bucket, a 20 ms queue) and a bridge in the path, the rate test of the test suite
+uses (a 2 ms bucket, a 5 ms queue) and a bridge in the path, the rate test of the test suite
 measures 76.6 Mbit/s of payload at 80 Mbit/s (95.7 %, the same frame overhead). Unshaped, the same stream ran at 13-15 Gbit/s, so the
 CPU is not what limits a scenario of a few hundred Mbit/s. ``netem`` (rate or delay) could not
 be measured there: that kernel has no ``sch_netem`` (only tbf, htb, pfifo, ingress and clsact).
