@@ -36,6 +36,13 @@ class RequestError(SolverError, ScheduleError):
     points and the baselines raised for it before there was one check."""
 
 
+class ScaleError(SolverError):
+    """A valid request beyond the scale the planner weighs candidates at: verifying a schedule
+    for that many ranks would need more memory than it allows. A runtime hands such a
+    collective to its inner backend; ``topocoll synthesize --format 3`` still writes a schedule
+    by rule for it."""
+
+
 class CollectiveError(TopocollError, RuntimeError):
     """A collective failed at run time: mismatched inputs across ranks, a dead peer, a timeout."""
 

@@ -4,6 +4,7 @@ module of its own)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from datetime import timedelta
@@ -30,11 +31,16 @@ def star(n: int):
     return b.build()
 
 
-def native_worker(rank: int, n: int, store_file: str, out_file: str) -> None:
+def native_worker(rank: int, n: int, store_file: str, out_file: str, verify_memory_limit_bytes: float | None = None) -> None:
+    """Compare the topo group's collectives with gloo's; ``verify_memory_limit_bytes`` lowers the
+    verifier's memory limit so that the planner refuses the scale of these 3 ranks, as it does
+    for thousands (the same check, the same refusal)."""
     from topocoll.collectives.backend import TopoOptions
     from topocoll.collectives.schedule_source import size_bucket
     from topocoll.solver.schedule import Collective
 
+    if verify_memory_limit_bytes is not None:  # the module (topocoll.solver.verify is its function)
+        importlib.import_module("topocoll.solver.verify").VERIFY_MEMORY_LIMIT_BYTES = verify_memory_limit_bytes
     report: dict = {"problems": [], "schedules": {}}
     os.environ["TOPOCOLL_HOSTID"] = f"m{rank}"
     dist.init_process_group("topo", init_method=f"file://{store_file}", rank=rank, world_size=n, timeout=timedelta(seconds=60),
@@ -63,9 +69,21 @@ def native_worker(rank: int, n: int, store_file: str, out_file: str) -> None:
     dist.reduce_scatter_tensor(want, data[: n * shard.numel()].clone(), group=gloo)
     if not torch.allclose(out, want, rtol=1e-5, atol=1e-5):
         report["problems"].append(f"rank {rank}: reduce_scatter_tensor differs from gloo's")
-    for collective, size in ((Collective.ALLREDUCE, numel * 4), (Collective.ALLGATHER, n * shard.numel() * 4),
-                             (Collective.REDUCE_SCATTER, n * shard.numel() * 4)):
-        report["schedules"][collective.value] = topo._schedules.schedule(collective, None, size_bucket(size)).name
+    root = n - 1
+    mine, theirs = data.clone(), data.clone()
+    dist.broadcast(mine, root, group=topo)
+    dist.broadcast(theirs, root, group=gloo)
+    if not torch.equal(mine, theirs):
+        report["problems"].append(f"rank {rank}: broadcast differs from gloo's")
+    mine, theirs = data.clone(), data.clone()
+    dist.reduce(mine, root, op=dist.ReduceOp.MAX, group=topo)
+    dist.reduce(theirs, root, op=dist.ReduceOp.MAX, group=gloo)
+    if rank == root and not torch.equal(mine, theirs):
+        report["problems"].append(f"rank {rank}: reduce differs from gloo's")
+    for collective, size, at in ((Collective.ALLREDUCE, numel * 4, None), (Collective.ALLGATHER, n * shard.numel() * 4, None),
+                                 (Collective.REDUCE_SCATTER, n * shard.numel() * 4, None), (Collective.BROADCAST, numel * 4, root),
+                                 (Collective.REDUCE, numel * 4, root)):
+        report["schedules"][collective.value] = topo._schedules.schedule(collective, at, size_bucket(size)).name
     dist.destroy_process_group()
     with open(out_file, "w") as f:
         json.dump(report, f)

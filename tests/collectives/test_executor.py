@@ -247,41 +247,62 @@ def test_messages_go_on_the_channel_their_rail_names():
 
 
 @pytest.mark.parametrize(
-    "collective,reduction",
-    [(Collective.ALLREDUCE, Reduction.SUM), (Collective.ALLREDUCE, Reduction.MAX), (Collective.ALLREDUCE, Reduction.BXOR),
-     (Collective.ALLGATHER, None)],
+    "collective,reduction,root",
+    [(Collective.ALLREDUCE, Reduction.SUM, None), (Collective.ALLREDUCE, Reduction.MAX, None),
+     (Collective.ALLREDUCE, Reduction.BXOR, None), (Collective.ALLGATHER, None, None),
+     (Collective.REDUCE_SCATTER, Reduction.SUM, None), (Collective.REDUCE_SCATTER, Reduction.MIN, None),
+     (Collective.BROADCAST, None, 1), (Collective.REDUCE, Reduction.SUM, 2)],
 )
-def test_run_native_hands_the_collective_to_a_real_gloo_backend(collective, reduction):
-    """A schedule named native runs as the inner backend's own collective: allreduce in place,
-    allgather from this rank's shard, in place in the output."""
+def test_run_native_hands_the_collective_to_a_real_gloo_backend(collective, reduction, root):
+    """A schedule named native runs as the inner backend's own collective, on the buffer a
+    schedule would run on: allreduce in place, allgather from this rank's shard in place in the
+    output, reduce-scatter into this rank's shard of the input, broadcast and reduce in place at
+    the root."""
     n, shard = 3, 337
     groups = _gloo_groups(n)
     inputs = [torch.randint(0, 1000, (n * shard,), generator=torch.Generator().manual_seed(r), dtype=torch.int64) for r in range(n)]
     buffers = [t.clone() for t in inputs]
+    mine = [slice(r * shard, (r + 1) * shard) for r in range(n)]
     if collective is Collective.ALLGATHER:  # every other shard is garbage before
         for r, b in enumerate(buffers):
             mask = torch.ones(n * shard, dtype=torch.bool)
-            mask[r * shard : (r + 1) * shard] = False
+            mask[mine[r]] = False
             b[mask] = -1
-        expected = torch.cat([inputs[r][r * shard : (r + 1) * shard] for r in range(n)])
+        expected = [torch.cat([inputs[r][mine[r]] for r in range(n)])] * n
+    elif collective is Collective.BROADCAST:
+        expected = [inputs[root]] * n
+    elif collective is Collective.REDUCE_SCATTER:  # only this rank's shard is defined after
+        total = reference(inputs, reduction)
+        expected = [torch.cat([total[mine[r]] if q == r else inputs[r][mine[q]] for q in range(n)]) for r in range(n)]
+    elif collective is Collective.REDUCE:  # only the root's buffer is defined after
+        expected = {root: reference(inputs, reduction)}
     else:
-        expected = reference(inputs, reduction)
+        expected = [reference(inputs, reduction)] * n
     errors = {}
 
     def body(rank):
         try:
-            Executor(groups[rank], rank, timedelta(seconds=10), native=groups[rank]).run_native(collective, buffers[rank], reduction, n, sequence=1)
+            Executor(groups[rank], rank, timedelta(seconds=10), native=groups[rank]).run_native(
+                collective, buffers[rank], reduction, n, sequence=1, root=root
+            )
         except Exception as exc:  # collected for the assertion
             errors[rank] = exc
 
     in_threads(body, n)
     assert not errors, errors
-    assert all(torch.equal(b, expected) for b in buffers)
+    if collective is Collective.REDUCE_SCATTER:
+        assert all(torch.equal(b[mine[r]], expected[r][mine[r]]) for r, b in enumerate(buffers))
+    elif collective is Collective.REDUCE:
+        assert torch.equal(buffers[root], expected[root])
+    else:
+        assert all(torch.equal(b, e) for b, e in zip(buffers, expected))
 
 
 def test_run_native_refuses_what_the_inner_backend_does_not_run():
     groups = _gloo_groups(1)
-    with pytest.raises(CollectiveError, match="broadcast is not run by the inner backend"):
+    with pytest.raises(CollectiveError, match="broadcast is not run by the inner backend"):  # no root
         Executor(groups[0], 0, timedelta(seconds=1), native=groups[0]).run_native(Collective.BROADCAST, torch.zeros(4), None, 1)
+    with pytest.raises(CollectiveError, match="reduce_scatter is not run by the inner backend"):  # no reduction
+        Executor(groups[0], 0, timedelta(seconds=1), native=groups[0]).run_native(Collective.REDUCE_SCATTER, torch.zeros(4), None, 1)
     with pytest.raises(CollectiveError, match="no inner backend"):
         Executor(groups[0], 0, timedelta(seconds=1)).run_native(Collective.ALLREDUCE, torch.zeros(4), Reduction.SUM, 1)

@@ -3,9 +3,9 @@ one-rank group (all in this process)."""
 
 from __future__ import annotations
 
-import socket
-
+import importlib
 import json
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -17,9 +17,13 @@ import torch.distributed as dist
 from tests.collectives.handmade import hand_planner, ring
 from topocoll.collectives import BACKEND_NAME, TopoProcessGroup, TopoWork, register
 from topocoll.collectives.failure import AgreedError
-from topocoll.collectives.schedule_source import ScheduleSource, announce_topology_error, check_digests, size_bucket
-from topocoll.errors import CollectiveError, SolverError
-from topocoll.solver.schedule import Collective
+from topocoll.collectives.schedule_source import (
+    ScheduleSource, announce_topology_error, check_digests, cuda_planner, default_planner, size_bucket,
+)
+from topocoll.errors import CollectiveError, ScaleError, SolverError
+from topocoll.solver import plan
+from topocoll.solver.schedule import NATIVE, Collective
+from topocoll.topo.presets import build_preset
 from topocoll.topo.discover import flat_topology
 from topocoll.topo.model import NodeKind
 
@@ -320,3 +324,25 @@ def test_without_shared_memory_a_broken_rank_tells_its_peers_through_the_header_
     assert second0[0] == "GroupBrokenError" and "collective #1 failed: it failed on rank 0" in second0[1]
     assert "collective #1 failed: it failed on rank 0" in second1[1], second1
     assert second1[2] < 5.0, f"rank 1 waited {second1[2]:.1f} s instead of reading the abort header"
+
+
+@pytest.mark.parametrize("planner", [default_planner, cuda_planner])
+def test_past_the_planners_scale_a_collective_goes_to_the_inner_backend(planner, monkeypatch):
+    """The verifier's memory limit, lowered so that 8 GPUs exceed it as 8192 do, makes the
+    planner refuse the scale; the backend's planners then name the inner backend's own
+    collective, which the other ranks read without verifying it."""
+    monkeypatch.setattr(importlib.import_module("topocoll.solver.verify"), "VERIFY_MEMORY_LIMIT_BYTES", 1.0)
+    topology = build_preset("dgx-h100")
+    gpus = topology.compute_nodes()
+    with pytest.raises(ScaleError, match="needs about .* of memory"):
+        plan(topology, "allreduce", list(gpus))
+    shared = store()
+    for collective, root in ((Collective.ALLREDUCE, None), (Collective.REDUCE_SCATTER, None), (Collective.BROADCAST, 3)):
+        schedule = planner(topology, collective, gpus, root, 1 << 20)
+        assert (schedule.name, schedule.collective, schedule.ranks, schedule.root) == (NATIVE, collective, gpus, root)
+        assert schedule.topology_digest == topology.digest()
+        zero = ScheduleSource(topology, gpus, 0, shared, planner)
+        one = ScheduleSource(topology, gpus, 1, shared, hand_planner)
+        assert zero.schedule(collective, root, 1 << 20).name == one.schedule(collective, root, 1 << 20).name == NATIVE
+    with pytest.raises(SolverError, match="root"):  # other refusals stand
+        planner(topology, Collective.BROADCAST, gpus, 9, 1 << 20)

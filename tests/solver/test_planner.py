@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from tests.solver import helpers as H
-from topocoll.errors import ScheduleError, SolverError, TopocollError
+from topocoll.errors import ScaleError, ScheduleError, SolverError, TopocollError
 from topocoll.solver import baselines, lp, plan
 from topocoll.solver.planner import (
     DEFAULT_PER_MESSAGE_OVERHEAD_S,
@@ -346,7 +346,7 @@ def test_a_plan_too_large_to_verify_is_refused_before_synthesis(monkeypatch):
     monkeypatch.setattr("topocoll.solver.planner.pack_for", lambda *a, **k: called.append(1))
     need = verify_module.verify_memory_bytes(8, 8)  # 8 ranks x 8 chunks of 8-bit sets
     monkeypatch.setattr(verify_module, "VERIFY_MEMORY_LIMIT_BYTES", need * 0.99)
-    with pytest.raises(SolverError, match=r"verifying a schedule for allgather \(8 ranks x 8 chunks\) needs about .* GB of memory.*--format 3 writes"):
+    with pytest.raises(ScaleError, match=r"verifying a schedule for allgather \(8 ranks x 8 chunks\) needs about .* GB of memory.*--format 3 writes"):
         plan_collective(H.nvswitch_box(8), Collective.ALLGATHER)
     assert not called
     # the verifier itself refuses a schedule with more chunks, before replaying it

@@ -94,6 +94,11 @@ _COMBINE: dict[Reduction, Callable[[torch.Tensor, torch.Tensor], Any]] = {
 
 _BITWISE = (Reduction.BAND, Reduction.BOR, Reduction.BXOR)
 
+#: The collectives :meth:`Executor.run_native` hands to the inner backend.
+_NATIVE_CALLS = frozenset(
+    (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST, Collective.REDUCE)
+)
+
 _REDUCE_OPS = {
     Reduction.SUM: dist.ReduceOp.SUM,
     Reduction.PRODUCT: dist.ReduceOp.PRODUCT,
@@ -258,21 +263,34 @@ class Executor:
             else:
                 self._run_step(index, step, buffer, scratch, reduction, program.collective.value)
 
-    def run_native(self, collective: Collective, buffer: torch.Tensor, reduction: Reduction | None, world_size: int, sequence: int | None = None) -> None:
+    def run_native(
+        self,
+        collective: Collective,
+        buffer: torch.Tensor,
+        reduction: Reduction | None,
+        world_size: int,
+        sequence: int | None = None,
+        root: int | None = None,
+    ) -> None:
         """Run ``collective`` on ``buffer`` in place with the inner backend's own collective (a
-        schedule named :data:`topocoll.solver.schedule.NATIVE`).
+        schedule named :data:`topocoll.solver.schedule.NATIVE`), on the buffer as :meth:`run`
+        takes it.
 
         Parameters
         ----------
         collective : Collective
-            ``ALLREDUCE``, or ``ALLGATHER`` (``buffer`` is the output, this rank's shard in place).
+            ``ALLREDUCE``; ``ALLGATHER`` (``buffer`` is the output, this rank's shard in place);
+            ``REDUCE_SCATTER`` (``buffer`` is the input, this rank's shard of it receives the
+            result); ``BROADCAST`` or ``REDUCE`` (to or from ``root``, in place).
         buffer : torch.Tensor
-            Flat and contiguous.
+            Flat and contiguous; ``world_size`` equal shards for allgather and reduce-scatter.
         reduction : Reduction or None
-            For allreduce.
+            For allreduce, reduce-scatter and reduce.
         world_size : int
         sequence : int, optional
             As for :meth:`run`.
+        root : int, optional
+            Root rank of broadcast and reduce.
 
         Raises
         ------
@@ -284,18 +302,36 @@ class Executor:
         if self._native is None:
             raise CollectiveError(f"rank {self._rank}: this executor has no inner backend to run {collective.value} natively")
         self._sequence = sequence or 0
-        if collective is Collective.ALLREDUCE and reduction is not None:
+        reduces = collective in (Collective.ALLREDUCE, Collective.REDUCE_SCATTER, Collective.REDUCE)
+        rooted = collective in (Collective.BROADCAST, Collective.REDUCE)
+        if (reduces and reduction is None) or (rooted and root is None) or collective not in _NATIVE_CALLS:
+            raise CollectiveError(f"rank {self._rank}: {collective.value} is not run by the inner backend")
+        shard = buffer.numel() // world_size
+        mine = buffer[self._rank * shard : (self._rank + 1) * shard]
+        if collective is Collective.ALLREDUCE:
             options = dist.AllreduceOptions()
             options.reduceOp = _REDUCE_OPS[reduction]
             options.timeout = self._timeout
             work = self._native.allreduce([buffer], options)
         elif collective is Collective.ALLGATHER:
-            shard = buffer.numel() // world_size
-            mine = buffer[self._rank * shard : (self._rank + 1) * shard].clone()
-            work = self._native._allgather_base(buffer, mine)  # the group's timeout
+            work = self._native._allgather_base(buffer, mine.clone())  # the group's timeout
+        elif collective is Collective.REDUCE_SCATTER:
+            options = dist.ReduceScatterOptions()
+            options.reduceOp = _REDUCE_OPS[reduction]
+            options.timeout = self._timeout
+            result = torch.empty_like(mine)
+            work = self._native._reduce_scatter_base(result, buffer, options)
+        elif collective is Collective.BROADCAST:
+            options = dist.BroadcastOptions()
+            options.rootRank, options.rootTensor, options.timeout = root, 0, self._timeout
+            work = self._native.broadcast([buffer], options)
         else:
-            raise CollectiveError(f"rank {self._rank}: {collective.value} is not run by the inner backend")
+            options = dist.ReduceOptions()
+            options.reduceOp, options.rootRank, options.rootTensor, options.timeout = _REDUCE_OPS[reduction], root, 0, self._timeout
+            work = self._native.reduce([buffer], options)
         self._wait(work, f"the inner backend's {collective.value}", 0, None)
+        if collective is Collective.REDUCE_SCATTER:
+            mine.copy_(result)
 
     def _run_step(
         self,

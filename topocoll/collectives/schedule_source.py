@@ -24,12 +24,15 @@ from typing import Any
 
 from topocoll.collectives.failure import AgreedError
 from topocoll.collectives.lower import RankProgram, lower
-from topocoll.errors import CollectiveError, ScheduleError, TopocollError
-from topocoll.solver.schedule import Collective, Schedule
+from topocoll.errors import CollectiveError, ScaleError, ScheduleError, TopocollError
+from topocoll.solver.schedule import NATIVE, Collective, Schedule, native_schedule
 from topocoll.topo.model import Topology
 from topocoll.topo.rails import Rails
 
-__all__ = ["Planner", "ScheduleSource", "size_bucket", "default_planner", "cuda_planner", "NCCL_NATIVE_COLLECTIVES", "check_digests", "announce_topology_error"]
+__all__ = [
+    "Planner", "ScheduleSource", "size_bucket", "default_planner", "cuda_planner", "native_beyond_scale",
+    "NCCL_NATIVE_COLLECTIVES", "check_digests", "announce_topology_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +72,23 @@ def default_planner(
     topology: Topology, collective: Collective, ranks: tuple[str, ...], root: int | None, size_bytes: int | None
 ) -> Schedule:
     """Synthesize with :func:`topocoll.solver.plan` (imported on first use), steps costed at
-    :data:`STEP_OVERHEAD_S`, gloo's own ring among the candidates (:data:`GLOO_RING_COLLECTIVES`)."""
+    :data:`STEP_OVERHEAD_S`, gloo's own ring among the candidates (:data:`GLOO_RING_COLLECTIVES`);
+    past the scale the planner weighs, gloo's own collective (:func:`native_beyond_scale`)."""
     from topocoll.solver import plan
 
     # the value, not the member: plan() parses str arguments, and Collective members are str
-    return plan(
-        topology, collective.value, list(ranks), root=root, size_bytes=size_bytes, per_message_overhead_s=STEP_OVERHEAD_S,
-        native=GLOO_RING_COLLECTIVES,
+    return native_beyond_scale(
+        topology, collective, ranks, root,
+        lambda: plan(
+            topology, collective.value, list(ranks), root=root, size_bytes=size_bytes, per_message_overhead_s=STEP_OVERHEAD_S,
+            native=GLOO_RING_COLLECTIVES,
+        ),
     )
 
 
-#: The collectives a CUDA group may hand back to NCCL (:data:`topocoll.solver.schedule.NATIVE`):
-#: those :meth:`topocoll.collectives.executor.Executor.run_native` runs.
+#: The collectives a CUDA group may hand back to NCCL (:data:`topocoll.solver.schedule.NATIVE`)
+#: where NCCL's model predicts NCCL faster; past the scale the planner weighs, every collective
+#: is handed to it (:func:`native_beyond_scale`).
 NCCL_NATIVE_COLLECTIVES = (Collective.ALLREDUCE, Collective.ALLGATHER)
 
 
@@ -96,11 +104,30 @@ def cuda_planner(
     from topocoll.solver import plan
     from topocoll.solver.nccl_model import nccl_native
 
-    model = nccl_native(topology, ranks)
-    return plan(
-        topology, collective.value, list(ranks), root=root, size_bytes=size_bytes,
-        native=NCCL_NATIVE_COLLECTIVES if model is not None else (), native_model=model,
-    )
+    def planned() -> Schedule:
+        model = nccl_native(topology, ranks)
+        return plan(
+            topology, collective.value, list(ranks), root=root, size_bytes=size_bytes,
+            native=NCCL_NATIVE_COLLECTIVES if model is not None else (), native_model=model,
+        )
+
+    return native_beyond_scale(topology, collective, ranks, root, planned)
+
+
+def native_beyond_scale(
+    topology: Topology, collective: Collective, ranks: tuple[str, ...], root: int | None, planned: Callable[[], Schedule]
+) -> Schedule:
+    """``planned()``, or, where the planner refuses the scale (:class:`~topocoll.errors.ScaleError`:
+    more ranks than it can verify a schedule for), a :func:`~topocoll.solver.schedule.native_schedule`,
+    so that the group runs the collective with its inner backend's own (NCCL's on CUDA, gloo's
+    on CPU) instead of failing. A schedule by rule covers such scales offline
+    (``topocoll synthesize --format 3``) but is not run by the backend.
+    """
+    try:
+        return planned()
+    except ScaleError as exc:
+        logger.info("%s over %d ranks goes to the inner backend's own collective: %s", collective.value, len(ranks), exc)
+        return native_schedule(collective, ranks, root, topology.digest())
 
 
 def size_bucket(size_bytes: int) -> int:
@@ -259,6 +286,8 @@ class ScheduleSource:
         from topocoll.solver.verify import verify
 
         head = f"{schedule.collective.value} up to {bucket} bytes: schedule {schedule.name!r}, {len(schedule.steps)} steps"
+        if schedule.name == NATIVE:
+            return f"{schedule.collective.value} up to {bucket} bytes: the inner backend's own collective"
         try:
             bound = cut_bound(self._topology, schedule.collective, self._nodes, schedule.root)
             t_bw = verify(schedule, self._topology).t_bw_s_per_byte
@@ -324,6 +353,8 @@ class ScheduleSource:
             )
         if collective.is_rooted and schedule.root != root:
             raise CollectiveError(f"rank {self._rank}: schedule has root {schedule.root}, needed {root}")
+        if schedule.name == NATIVE:
+            return  # the inner backend's own collective runs; its schedule is never lowered
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest not in self._verified:
             from topocoll.solver.verify import verify

@@ -40,7 +40,9 @@ class ScheduledCollectives:
         size_bytes = buffer.numel() * buffer.element_size()
         device = buffer.device.type
         if self._schedules.schedule(collective, root, size_bucket(size_bytes), device).name == NATIVE:
-            self._executor(buffer).run_native(collective, buffer, reduce.reduction if reduce else None, self._group_size, sequence=self._sequence)
+            self._executor(buffer).run_native(
+                collective, buffer, reduce.reduction if reduce else None, self._group_size, sequence=self._sequence, root=root
+            )
             return
         program = self._schedules.program(collective, root, buffer.numel(), size_bytes, device)
         self._executor(buffer).run(program, buffer, reduce.reduction if reduce else None, sequence=self._sequence)

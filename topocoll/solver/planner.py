@@ -36,7 +36,7 @@ from typing import Protocol
 
 import networkx as nx
 
-from topocoll.errors import ScheduleError, SolverError
+from topocoll.errors import ScaleError, ScheduleError, SolverError
 from topocoll.solver import baselines
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.direct import direct
@@ -474,6 +474,9 @@ def plan_collective(
     SolverError
         Invalid request: fewer than two ranks, unknown or non-compute rank nodes, a root
         outside the ranks, ranks that cannot reach each other, a size <= 0.
+    ScaleError
+        More ranks than the verifier's memory allows a schedule for (about 6000), raised
+        before any work.
 
     See Also
     --------
@@ -491,7 +494,7 @@ def plan_collective(
         hint = ""
         if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE):
             hint = " (topocoll synthesize --format 3 writes a hierarchical schedule by rule at this scale)"
-        raise SolverError(f"{exc}: not synthesized{hint}") from None
+        raise ScaleError(f"{exc}: not synthesized{hint}") from None
     bound = cut_bound(topology, collective, ranks, root)
     digest = topology.digest()
     root = root if collective.is_rooted else None

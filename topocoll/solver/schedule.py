@@ -82,7 +82,8 @@ SYNTHESIZED = tuple(c for c in Collective if not c.is_routed)
 
 #: The name of a schedule that a runtime may run with its inner backend's own collective
 #: instead of step by step: the schedule is what that collective does (gloo's allreduce and
-#: allgather: the ring in rank order), kept for verification and prediction.
+#: allgather: the ring in rank order), kept for verification and prediction, or it has no
+#: steps at all (:func:`native_schedule`).
 NATIVE = "native"
 
 
@@ -399,6 +400,25 @@ class Schedule:
         except json.JSONDecodeError as exc:
             raise ScheduleError(f"{source}: line {exc.lineno}: malformed JSON: {exc.msg}") from None
         return cls.from_json_dict(data, source)
+
+
+def native_schedule(collective: Collective, ranks: Sequence[str], root: int | None, topology_digest: str) -> Schedule:
+    """A :data:`NATIVE` schedule with no steps: the collective as the runtime's inner backend
+    runs it, where no schedule of topocoll's own is weighed (see :class:`topocoll.errors.ScaleError`).
+
+    It names the collective, the ranks, the root and the topology, and holds one chunk, the
+    whole buffer, so that it reads and writes like any schedule; it cannot be verified or
+    lowered, since the steps are the inner backend's.
+
+    Examples
+    --------
+    >>> s = native_schedule(Collective.BROADCAST, ("gpu0", "gpu1"), 1, "sha256:0")
+    >>> (s.name, len(s.chunks), s.steps)
+    ('native', 1, ())
+    """
+    return Schedule(
+        collective, tuple(ranks), root if collective.is_rooted else None, topology_digest, (Chunk(0, 0.0, 1.0),), (), name=NATIVE
+    )
 
 
 @contextlib.contextmanager
