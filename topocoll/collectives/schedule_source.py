@@ -285,9 +285,9 @@ class ScheduleSource:
         from topocoll.solver.bound import cut_bound
         from topocoll.solver.verify import verify
 
-        head = f"{schedule.collective.value} up to {bucket} bytes: schedule {schedule.name!r}, {len(schedule.steps)} steps"
         if schedule.name == NATIVE:
             return f"{schedule.collective.value} up to {bucket} bytes: the inner backend's own collective"
+        head = f"{schedule.collective.value} up to {bucket} bytes: schedule {schedule.name!r}, {len(schedule.steps)} steps"
         try:
             bound = cut_bound(self._topology, schedule.collective, self._nodes, schedule.root)
             t_bw = verify(schedule, self._topology).t_bw_s_per_byte
