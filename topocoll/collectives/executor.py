@@ -51,7 +51,7 @@ from topocoll.collectives.dataflow import DataflowPlan, Event, dataflow_plan
 from topocoll.collectives.failure import NO_RANK, Failure, FailedError, FailureKind, first_line
 from topocoll.collectives.lower import ProgramStep, RankProgram, Recv
 from topocoll.errors import CollectiveError
-from topocoll.solver.schedule import Collective, Op
+from topocoll.solver.schedule import SYNTHESIZED, Collective, Op
 
 __all__ = ["Reduction", "Executor", "combine", "check_reduction"]
 
@@ -93,11 +93,6 @@ _COMBINE: dict[Reduction, Callable[[torch.Tensor, torch.Tensor], Any]] = {
 }
 
 _BITWISE = (Reduction.BAND, Reduction.BOR, Reduction.BXOR)
-
-#: The collectives :meth:`Executor.run_native` hands to the inner backend.
-_NATIVE_CALLS = frozenset(
-    (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST, Collective.REDUCE)
-)
 
 _REDUCE_OPS = {
     Reduction.SUM: dist.ReduceOp.SUM,
@@ -303,8 +298,7 @@ class Executor:
             raise CollectiveError(f"rank {self._rank}: this executor has no inner backend to run {collective.value} natively")
         self._sequence = sequence or 0
         reduces = collective in (Collective.ALLREDUCE, Collective.REDUCE_SCATTER, Collective.REDUCE)
-        rooted = collective in (Collective.BROADCAST, Collective.REDUCE)
-        if (reduces and reduction is None) or (rooted and root is None) or collective not in _NATIVE_CALLS:
+        if (reduces and reduction is None) or (collective.is_rooted and root is None) or collective not in SYNTHESIZED:
             raise CollectiveError(f"rank {self._rank}: {collective.value} is not run by the inner backend")
         shard = buffer.numel() // world_size
         mine = buffer[self._rank * shard : (self._rank + 1) * shard]
