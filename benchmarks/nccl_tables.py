@@ -14,8 +14,9 @@ The model's free parameters (:class:`topocoll.solver.nccl_model.Calibration`: a 
 call by GPU generation, the share of each limit that rings, NVLS and the network reach, and a
 factor on NCCL's published latencies) are fitted here to all tables at once, by least squares on the logarithm of predicted
 over measured busbw (a robust loss, so that one odd table cannot pull the rest). A two-machine
-table with small sizes also fits its network's latency (a property of that network, which
-``topocoll topo probe`` measures). To show how the model does on a machine it has not seen,
+table with small sizes also fits its network's latency per hop, for LL/LL128 and for Simple
+(properties of that network: ``topocoll topo probe`` measures the first; the second is large
+where a transport stages Simple's chunks through the host, as TCP without RDMA does). To show how the model does on a machine it has not seen,
 every table is also predicted by a fit to the *other* tables ("held out").
 
 Then topocoll itself, as a ``topo`` group on CUDA would run it (``topocoll simulate --nccl``):
@@ -57,6 +58,8 @@ MACHINES = (
 )
 #: Below this size a two-machine table's time is mostly latency: such a table fits its network's latency.
 LATENCY_SIZES_BYTES = 1 << 16
+#: A table that fits no latency of its network: none beyond NCCL's figures (Simple: the default rule).
+NO_LATENCY = (0.0, None)
 
 
 def read_table(path: Path, bus_factor: float) -> list[tuple[int, float]]:
@@ -113,13 +116,14 @@ def load_tables() -> list[Table]:
     return tables
 
 
-def predicted_busbw(table: Table, calibration, network_latency_s: float) -> list[tuple[float, str]]:
-    """(predicted busbw, the algorithm/protocol) at each size of ``table``."""
+def predicted_busbw(table: Table, calibration, network_latency_s: float, network_simple_latency_s: float | None = None) -> list[tuple[float, str]]:
+    """(predicted busbw, the algorithm/protocol) at each size of ``table``, with the network's
+    latency per hop for LL/LL128 and for Simple (None: twice the first)."""
     from topocoll.solver.metrics import bus_factor
     from topocoll.solver.nccl_model import nccl_time
     from topocoll.solver.schedule import Collective
 
-    view = dataclasses.replace(table.view, network_latency_s=network_latency_s)
+    view = dataclasses.replace(table.view, network_latency_s=network_latency_s, network_simple_latency_s=network_simple_latency_s)
     factor = bus_factor(Collective.ALLREDUCE, view.ranks)
     out = []
     for size, _ in table.measured:
@@ -146,9 +150,10 @@ def calibration_of(values) -> object:
     return Calibration({80: values[0] * US, 90: values[1] * US}, *map(float, values[2:6]))
 
 
-def fit(tables: list[Table], fixed=None) -> tuple[tuple[float, ...], dict[str, float]]:
+def fit(tables: list[Table], fixed=None) -> tuple[tuple[float, ...], dict[str, tuple[float, float]]]:
     """Least-squares fit of :data:`PARAMETERS` (unless ``fixed``) and of each latency-fitting
-    table's network latency to ``tables``; returns the parameters and the latencies in seconds."""
+    table's network latencies to ``tables``; returns the parameters and, per such table, its
+    network's latency per hop for LL/LL128 and for Simple, in seconds."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -157,20 +162,20 @@ def fit(tables: list[Table], fixed=None) -> tuple[tuple[float, ...], dict[str, f
 
     def unpack(x):
         values = tuple(fixed) if fixed is not None else tuple(x[:free])
-        return values, {name: x[free + i] * 1e-6 for i, name in enumerate(latency_tables)}
+        return values, {name: (x[free + 2 * i] * 1e-6, x[free + 2 * i + 1] * 1e-6) for i, name in enumerate(latency_tables)}
 
     def residuals(x):
         values, latencies = unpack(x)
         calibration = calibration_of(values)
         out = []
         for t in tables:
-            for (_, measured), (predicted, _) in zip(t.measured, predicted_busbw(t, calibration, latencies.get(t.name, 0.0))):
+            for (_, measured), (predicted, _) in zip(t.measured, predicted_busbw(t, calibration, *latencies.get(t.name, NO_LATENCY))):
                 out.append(math.log(predicted / measured))
         return np.array(out)
 
-    x0 = ([] if fixed is not None else list(START)) + [20.0] * len(latency_tables)
-    lower = ([] if fixed is not None else [p[1] for p in PARAMETERS]) + [0.0] * len(latency_tables)
-    upper = ([] if fixed is not None else [p[2] for p in PARAMETERS]) + [1000.0] * len(latency_tables)
+    x0 = ([] if fixed is not None else list(START)) + [20.0, 40.0] * len(latency_tables)
+    lower = ([] if fixed is not None else [p[1] for p in PARAMETERS]) + [0.0, 0.0] * len(latency_tables)
+    upper = ([] if fixed is not None else [p[2] for p in PARAMETERS]) + [1000.0, 5000.0] * len(latency_tables)
     if not x0:
         return tuple(fixed), {}
     # soft_l1 with a scale near the target: residuals beyond ~15 % count linearly, not squared
@@ -187,10 +192,10 @@ def evaluate(tables: list[Table]) -> dict:
         others = [o for o in tables if o is not t]
         kept, _ = fit(others)
         _, own_latency = fit([t], fixed=kept) if t.fits_latency else ((), {})
-        held_out[t.name] = (calibration_of(kept), own_latency.get(t.name, 0.0))
+        held_out[t.name] = (calibration_of(kept), *own_latency.get(t.name, NO_LATENCY))
     results = []
     for t in tables:
-        fitted = predicted_busbw(t, calibration, latencies.get(t.name, 0.0))
+        fitted = predicted_busbw(t, calibration, *latencies.get(t.name, NO_LATENCY))
         alone = predicted_busbw(t, *held_out[t.name])
         rows = []
         for (size, measured), (busbw, label), (busbw_out, _) in zip(t.measured, fitted, alone):
@@ -208,7 +213,8 @@ def evaluate(tables: list[Table]) -> dict:
             "table": t.name, "machine": t.what, "gpus": view.ranks, "machines": view.machines,
             "gpu_bw_bytes_per_s": view.gpu_bw_bytes_per_s, "network_bw_bytes_per_s": view.network_bw_bytes_per_s,
             "nvls": view.nvls, "network_rdma": view.network_rdma,
-            "network_latency_s": latencies.get(t.name, 0.0), "rows": rows,
+            "network_latency_s": latencies.get(t.name, NO_LATENCY)[0], "network_simple_latency_s": latencies.get(t.name, NO_LATENCY)[1],
+            "rows": rows,
         })
     return {"calibration": dict(zip((p[0] for p in PARAMETERS), values)), "tables": results}
 
@@ -315,12 +321,13 @@ def markdown(report: dict, command: str) -> str:
         "the only one of Ampere GPUs (the fixed cost per call on SM 8.x) and the only one where NCCL runs rings at large "
         "sizes (the Hopper machines run NVLS), so its held-out column predicts with neither.",
         "",
-        "| table | sizes | within 15 % (fitted) | within 15 % (held out) | median abs error | network latency fitted |",
+        "| table | sizes | within 15 % (fitted) | within 15 % (held out) | median abs error | network latency fitted (LL, Simple) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for t in report["tables"]:
         errors = sorted(abs(r["error_percent"]) for r in t["rows"])
-        latency = f"{t['network_latency_s'] * 1e6:.1f} us" if t["network_latency_s"] else "-"
+        simple = t.get("network_simple_latency_s")
+        latency = f"{t['network_latency_s'] * 1e6:.1f} us, {simple * 1e6:.1f} us" if simple is not None else "-"
         lines.append(
             f"| {t['machine']} | {len(errors)} | {_within(t['rows'], 'error_percent')} | {_within(t['rows'], 'held_out_error_percent')} | "
             f"{errors[len(errors) // 2]:.0f} % | {latency} |"

@@ -145,6 +145,11 @@ def test_two_machines_run_trees_whose_network_share_doubles():
     for (algorithm, protocol), e in by_label(nccl_estimates(slow, Collective.ALLREDUCE)).items():
         before = by_label(nccl_estimates(view, Collective.ALLREDUCE))[algorithm, protocol].latency_s
         assert e.latency_s - before == pytest.approx(hops * 50 * US * (2 if protocol is Protocol.SIMPLE else 1))
+    # a transport that stages Simple's chunks through the host: Simple's own figure replaces the rule
+    staged = dataclasses.replace(slow, network_simple_latency_s=400 * US)
+    for (algorithm, protocol), e in by_label(nccl_estimates(staged, Collective.ALLREDUCE)).items():
+        before = by_label(nccl_estimates(view, Collective.ALLREDUCE))[algorithm, protocol].latency_s
+        assert e.latency_s - before == pytest.approx(hops * (400 if protocol is Protocol.SIMPLE else 50) * US)
     rdma_less = dataclasses.replace(view, network_rdma=False)
     assert Protocol.LL128 not in {e.protocol for e in nccl_estimates(rdma_less, Collective.ALLREDUCE)}
 
@@ -183,7 +188,7 @@ def test_the_calibration_is_the_committed_fit_and_the_report_is_current():
     for table in tables.load_tables():
         committed = next(t for t in report["tables"] if t["table"] == table.name)
         assert [r["measured_busbw_bytes_per_s"] for r in committed["rows"]] == [busbw for _, busbw in table.measured]
-        predicted = tables.predicted_busbw(table, CALIBRATION, committed["network_latency_s"])
+        predicted = tables.predicted_busbw(table, CALIBRATION, committed["network_latency_s"], committed["network_simple_latency_s"])
         for row, (busbw, label) in zip(committed["rows"], predicted):
             assert busbw == pytest.approx(row["predicted_busbw_bytes_per_s"], rel=2e-3)
             assert label == row["algorithm"]

@@ -15,7 +15,8 @@ schedule can be compared with what NCCL would really do, not with a weaker basel
 * **latency** is NCCL's published base latency per algorithm and protocol plus its per-hop
   latency per link type (NVLink, PCIe, network) times the hops the algorithm takes, all times a
   *calibrated* factor, plus a *calibrated* fixed cost per call by GPU generation, and the
-  network's own latency per hop between machines (twice for Simple, which flushes).
+  network's own latency per hop between machines, one for LL and LL128 and one for Simple
+  (twice the first unless known: Simple sends, then flushes).
 
 The figures marked "NCCL" below are the constants of NCCL's tuning model
 (``src/graph/tuning.cc``, NCCL 2.30); the calibrated ones were fitted to the nccl-tests tables
@@ -146,11 +147,11 @@ class Calibration:
 
 #: The calibration fitted by ``benchmarks/nccl_tables.py`` (its report gives every residual).
 CALIBRATION = Calibration(
-    call_overhead_s={80: 11.914 * US, 90: 0.000 * US},
-    ring_efficiency=0.736,
-    nvls_efficiency=0.643,
-    network_efficiency=0.783,
-    latency_scale=1.979,
+    call_overhead_s={80: 18.042 * US, 90: 6.035 * US},
+    ring_efficiency=0.728,
+    nvls_efficiency=0.640,
+    network_efficiency=0.915,
+    latency_scale=1.577,
 )
 
 
@@ -176,9 +177,14 @@ class NcclView:
     nvls : bool
         Whether every machine's GPUs share NVSwitches that reduce (compute capability >= 9.0).
     network_latency_s : float
-        Latency of the network between machines beyond NCCL's per-hop figure (0 when unknown).
-        NCCL's Simple protocol pays it twice per hop (the data, then the flush that makes it
-        visible to the GPU), LL and LL128 once.
+        Latency of the network between machines beyond NCCL's per-hop figure (0 when unknown),
+        as LL and LL128 pay it once per hop.
+    network_simple_latency_s : float or None
+        What the Simple protocol pays per hop between machines beyond NCCL's figure. None: twice
+        ``network_latency_s`` (the data, then the flush that makes it visible to the GPU). A
+        transport that stages each of Simple's chunks (hundreds of KiB) through the host's TCP
+        stack pays far more than a small message's latency; the tables show it (fitted per
+        table, as ``network_latency_s`` is).
     network_rdma : bool
         Whether the network reaches GPU memory directly (GPUDirect RDMA). Without it NCCL keeps
         LL128 inside machines.
@@ -193,10 +199,19 @@ class NcclView:
     nvls: bool
     network_latency_s: float = 0.0
     network_rdma: bool = True
+    network_simple_latency_s: float | None = None
 
     @property
     def ranks_per_machine(self) -> float:
         return self.ranks / self.machines
+
+    def network_hop_latency_s(self, protocol: Protocol) -> float:
+        """The network's own latency per hop between machines under ``protocol`` (beyond
+        NCCL's per-hop figure): :attr:`network_latency_s` for LL and LL128, for Simple
+        :attr:`network_simple_latency_s`, twice :attr:`network_latency_s` where not given."""
+        if protocol is not Protocol.SIMPLE:
+            return self.network_latency_s
+        return 2 * self.network_latency_s if self.network_simple_latency_s is None else self.network_simple_latency_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +364,6 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
     sm = view.sm or 0
     overhead = calibration.overhead_s(view.sm)
     scale = calibration.latency_scale
-    net_hop = view.network_latency_s
     allreduce = collective is Collective.ALLREDUCE
     steps = 2 * (n - 1) if allreduce else n - 1 if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER) else n
     net_steps = 0 if machines == 1 else (2 if allreduce else 1) * (machines - 1)
@@ -369,7 +383,7 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         if p is Protocol.LL:
             busbw = min(busbw, ll_max)
         hop = HOP_LATENCY_S[intra][Algorithm.RING][i] * scale
-        net = HOP_LATENCY_S["net"][Algorithm.RING][i] * scale + net_hop * (2 if p is Protocol.SIMPLE else 1)
+        net = HOP_LATENCY_S["net"][Algorithm.RING][i] * scale + view.network_hop_latency_s(p)
         latency = overhead + BASE_LATENCY_S[Algorithm.RING][i] * scale + (steps - net_steps) * hop + net_steps * net
         out.append(NcclEstimate(Algorithm.RING, p, latency, busbw * bus_to_alg))
     simple = list(Protocol).index(Protocol.SIMPLE)
@@ -381,7 +395,7 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
             out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, view.gpu_bw_bytes_per_s * calibration.nvls_efficiency * n / (n - 1)))
         if machines == n and sm >= PAT_MIN_SM:
             levels = math.ceil(math.log2(n))
-            net = HOP_LATENCY_S["net"][Algorithm.PAT][simple] * scale + 2 * net_hop
+            net = HOP_LATENCY_S["net"][Algorithm.PAT][simple] * scale + view.network_hop_latency_s(Protocol.SIMPLE)
             latency = overhead + BASE_LATENCY_S[Algorithm.PAT][simple] * scale + levels * net / PAT_LEVEL_LATENCY_DIVISOR + n * PAT_RANK_LATENCY_S * scale
             out.append(NcclEstimate(Algorithm.PAT, Protocol.SIMPLE, latency, ring_busbw * PAT_BW_FACTOR))
     if not allreduce:
@@ -399,7 +413,7 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         if p is Protocol.LL:
             algbw = min(algbw, ll_max / 2)
         hop = HOP_LATENCY_S[intra][Algorithm.TREE][i] * scale
-        net = HOP_LATENCY_S["net"][Algorithm.TREE][i] * scale + net_hop * (2 if p is Protocol.SIMPLE else 1)
+        net = HOP_LATENCY_S["net"][Algorithm.TREE][i] * scale + view.network_hop_latency_s(p)
         latency = overhead + BASE_LATENCY_S[Algorithm.TREE][i] * scale + 2 * ((ppn - 1) * hop + depth * net)
         out.append(NcclEstimate(Algorithm.TREE, p, latency, algbw))
     if view.nvls and ppn > 1:
@@ -410,7 +424,7 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
             latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
             out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw))
         else:
-            net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][simple] * scale + 2 * net_hop
+            net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][simple] * scale + view.network_hop_latency_s(Protocol.SIMPLE)
             latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][simple] * scale + 2 * depth * net
             out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, min(nvls_algbw, tree_net_algbw)))
     return tuple(out)
