@@ -48,7 +48,7 @@ def run_case(network: str, nodes: int) -> dict:
     """One case in this process (the ``--worker`` side)."""
     from topocoll.solver.metrics import bus_factor
     from topocoll.solver.nccl_model import nccl_native, nccl_time
-    from topocoll.solver.planner import plan_collective, time_on_backend
+    from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, plan_collective, predict_times
     from topocoll.solver.schedule import Collective, Schedule
     from topocoll.solver.verify import verify
     from topocoll.topo.cluster import make_cluster
@@ -68,7 +68,8 @@ def run_case(network: str, nodes: int) -> dict:
     verify_s = time.perf_counter() - started
     checked.raise_if_failed()
     nccl = nccl_native(topology, plan.schedule.ranks)
-    on_nccl_s = time_on_backend(nccl, plan.chosen.predicted_time_s, plan.chosen.t_bw_s_per_byte * SIZE_BYTES)
+    (on_nccl,), _ = predict_times([plan.chosen], topology, SIZE_BYTES, DEFAULT_PER_MESSAGE_OVERHEAD_S, native_model=nccl)
+    on_nccl_s = on_nccl.predicted_time_s
     return {
         "network": network,
         "gpus": n,

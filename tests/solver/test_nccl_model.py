@@ -24,11 +24,15 @@ from topocoll.solver.nccl_model import (
     nccl_time,
     nccl_view,
 )
-from topocoll.solver.planner import plan_collective
+from topocoll.solver.alpha_beta import simulate
+from topocoll.solver.baselines import ring
+from topocoll.solver.events import event_sweep
+from topocoll.solver.planner import DEFAULT_PER_MESSAGE_OVERHEAD_S, backend_topology, plan_collective, predict_times
 from topocoll.solver.schedule import NATIVE, Collective
+from topocoll.solver.verify import verify
 from topocoll.topo.cluster import make_cluster
 from topocoll.topo.discover import flat_topology
-from topocoll.topo.model import LinkKind, NodeKind
+from topocoll.topo.model import LinkKind, NodeKind, Topology
 from topocoll.topo.presets import build_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,25 +212,73 @@ def test_planner_hands_nccl_what_nccl_does_faster():
     assert broadcast.candidate(NATIVE) is None
 
 
+def _narrowed(topology, model):
+    """The graph as NCCL's transfers see it, rebuilt here link by link: inside a machine its
+    rings' share of each link, between machines the network's, every latency scaled."""
+    return Topology(
+        [*topology.nodes],
+        [
+            dataclasses.replace(
+                link,
+                bw_bytes_per_s=link.bw_bytes_per_s * (CALIBRATION.network_efficiency if link.kind is LinkKind.NET else CALIBRATION.ring_efficiency),
+                latency_s=link.latency_s * CALIBRATION.latency_scale,
+            )
+            for link in topology.links
+        ],
+        name="narrowed",
+    )
+
+
 def test_schedules_are_held_to_nccls_efficiency_and_fixed_cost():
     """On a PCIe box the synthesized trees beat NCCL's ring at large sizes even when every
     schedule pays NCCL's fixed cost per call and reaches only NCCL's share of each link."""
     pcie = build_preset("pcie-8gpu")
     ranks = pcie.compute_nodes()
     model = nccl_native(pcie, ranks)
-    raw = plan_collective(pcie, Collective.ALLREDUCE, ranks, size_bytes=64 * MIB)
     held = plan_collective(pcie, Collective.ALLREDUCE, ranks, size_bytes=64 * MIB, native=NATIVE_COLLECTIVES, native_model=model)
     assert held.chosen.name != NATIVE
     native = held.candidate(NATIVE)
     assert native.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, 64 * MIB), rel=1e-6, abs=0)
     assert native.t_bw_s_per_byte == pytest.approx(1 / model.algbw_bytes_per_s(Collective.ALLREDUCE), rel=1e-6, abs=0)
-    for before in raw.candidates:
-        after = held.candidate(before.name)
-        bandwidth = before.t_bw_s_per_byte * 64 * MIB
-        latency = max(0.0, before.predicted_time_s - bandwidth) * model.latency_factor
-        expected = model.call_overhead_s + latency + bandwidth / model.p2p_efficiency
-        assert after.predicted_time_s == pytest.approx(expected, rel=1e-6, abs=0)
+    narrowed = _narrowed(pcie, model)
+    overhead_s = DEFAULT_PER_MESSAGE_OVERHEAD_S * CALIBRATION.latency_scale
+    assert held.model.startswith("events")
+    fixed_s = CALIBRATION.overhead_s(pcie.node(ranks[0]).sm)
+    for c in held.candidates:
+        if c.name == NATIVE:
+            continue
+        # each schedule is timed on the narrowed graph: by the event simulator (the shortlist) or α-β
+        (simulated,) = event_sweep(c.schedule, narrowed, [64 * MIB], overhead_s)
+        (stepped,) = simulate(c.schedule, narrowed, [64 * MIB], overhead_s)
+        assert any(c.predicted_time_s == pytest.approx(fixed_s + p.time_s, rel=1e-6, abs=0) for p in (simulated, stepped)), c.name
+        if c is held.chosen:
+            assert c.predicted_time_s == pytest.approx(fixed_s + simulated.time_s, rel=1e-6, abs=0)
     assert held.chosen.predicted_time_s < native.predicted_time_s
+
+
+def test_schedules_cross_the_network_at_nccls_network_share():
+    """Between machines NCCL's transfers reach the network's share of a NIC, inside a machine
+    its rings' share of NVLink: a schedule run on NCCL is timed on the graph narrowed so."""
+    cluster = make_cluster("dgx-h100", 2, nics_per_node=8, nic_bw_bytes_per_s=25e9)
+    ranks = cluster.compute_nodes()
+    model = nccl_native(cluster, ranks)
+    assert model.link_efficiency(LinkKind.NET) == CALIBRATION.network_efficiency != CALIBRATION.ring_efficiency
+    assert model.link_efficiency(LinkKind.NVLINK) == model.link_efficiency(LinkKind.PCIE) == CALIBRATION.ring_efficiency
+    ours, theirs = backend_topology(model, cluster), _narrowed(cluster, model)
+    assert [(l.src, l.dst, l.kind) for l in ours.links] == [(l.src, l.dst, l.kind) for l in theirs.links]
+    assert [x for l in ours.links for x in (l.bw_bytes_per_s, l.latency_s)] == pytest.approx(
+        [x for l in theirs.links for x in (l.bw_bytes_per_s, l.latency_s)], rel=1e-12, abs=0
+    )
+    size = 256 * MIB
+    schedule = ring(cluster, Collective.ALLREDUCE, list(ranks))
+    candidate = plan_collective(cluster, Collective.ALLREDUCE, ranks, size_bytes=size).candidate("ring")
+    (timed,), _ = predict_times([candidate], cluster, size, DEFAULT_PER_MESSAGE_OVERHEAD_S, native_model=model)
+    (point,) = event_sweep(schedule, theirs, [size], DEFAULT_PER_MESSAGE_OVERHEAD_S * CALIBRATION.latency_scale)
+    assert timed.predicted_time_s == pytest.approx(model.call_overhead_s + point.time_s, rel=1e-6, abs=0)
+    # the ring's bottleneck is a NIC: on NCCL it runs at the network's share, not the rings'
+    raw = verify(schedule, cluster)
+    assert cluster.link(*raw.bottleneck_link).kind is LinkKind.NET
+    assert verify(schedule, theirs).t_bw_s_per_byte == pytest.approx(raw.t_bw_s_per_byte / CALIBRATION.network_efficiency, rel=1e-9, abs=0)
 
 
 def test_no_model_where_the_graph_does_not_say_how_machines_connect():

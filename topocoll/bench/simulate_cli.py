@@ -23,6 +23,7 @@ from typing import Any
 
 from topocoll.errors import ScheduleError, TopocollError
 from topocoll.fileio import check_output_path
+from topocoll.topo.model import LinkKind
 
 __all__ = ["register", "run_simulate", "simulate_report", "parse_ranks", "DEFAULT_BASELINES"]
 
@@ -210,7 +211,7 @@ def simulate_report(
     from topocoll.solver.alpha_beta import simulate
     from topocoll.solver.events import event_sweep
     from topocoll.solver.metrics import algbw_bytes_per_s, busbw_bytes_per_s
-    from topocoll.solver.planner import choose, max_network_flows_per_link, time_on_backend
+    from topocoll.solver.planner import backend_topology, choose, max_network_flows_per_link
     from topocoll.solver.request import check_request
     from topocoll.solver.verify import verify
 
@@ -232,6 +233,7 @@ def simulate_report(
         if native is None:
             raise ScheduleError("--nccl models NCCL's collectives, which run on GPUs: the ranks are not all GPUs")
         hands_over = schedule is None and collective in NCCL_NATIVE_COLLECTIVES
+        held_topology = backend_topology(native, topology)  # where schedules run as NCCL's transfers
     # the planner verified its candidates already: their bandwidth times come with them
     planned = () if schedule is not None else make_candidates(topology, collective, ranks, root, per_message_overhead_s)
     candidates = (schedule,) if schedule is not None else tuple(c.schedule for c in planned)
@@ -249,17 +251,17 @@ def simulate_report(
     compared = [*candidates, *(s for _, s in baseline_schedules if s is not None)]
     model = resolve_model(model, compared, len(effective))
 
-    def points_of(sched: Any) -> tuple[Any, ...]:
+    def points_of(sched: Any, on: Any = topology, overhead_s: float = per_message_overhead_s) -> tuple[Any, ...]:
         if model == "events":
-            return event_sweep(sched, topology, effective, per_message_overhead_s)
-        return simulate(sched, topology, effective, per_message_overhead_s)
+            return event_sweep(sched, on, effective, overhead_s)
+        return simulate(sched, on, effective, overhead_s)
 
     def measured(size: int, time_s: float) -> Measurement:
         return Measurement(time_s, algbw_bytes_per_s(size, time_s), busbw_bytes_per_s(collective, size, time_s, n))
 
-    def on_nccl(sched: Any, points: Sequence[Any]) -> list[Measurement]:
-        t_bw = t_bw_of(sched)
-        return [measured(size, time_on_backend(native, p.time_s, t_bw * size)) for size, p in zip(effective, points)]
+    def on_nccl(sched: Any) -> list[Measurement]:
+        points = points_of(sched, held_topology, per_message_overhead_s * native.latency_factor)
+        return [measured(size, native.call_overhead_s + p.time_s) for size, p in zip(effective, points)]
 
     def t_bw_of(sched: Any) -> float:
         if id(sched) not in bandwidth_times:
@@ -267,9 +269,9 @@ def simulate_report(
         return bandwidth_times[id(sched)]
 
     def predict(sched: Any, points: Sequence[Any] | None = None) -> list[Measurement]:
-        points = points if points is not None else points_of(sched)
         if native is not None:
-            return on_nccl(sched, points)
+            return on_nccl(sched)
+        points = points if points is not None else points_of(sched)
         return [Measurement(p.time_s, p.algbw_bytes_per_s, p.busbw_bytes_per_s) for p in points]
 
     # topocoll's series: at each size the candidate the planner's rule picks
@@ -327,7 +329,8 @@ def simulate_report(
         header += (
             f"nccl: NCCL's own collective by topocoll's calibrated model ({native.view.machines} machine(s), "
             f"{'NVLS, ' if native.view.nvls else ''}fixed cost {native.call_overhead_s * 1e6:.1f} us per call); schedules run on NCCL: "
-            f"each pays that cost, reaches {native.p2p_efficiency:.0%} of each link, as NCCL's rings do, and its latencies "
+            f"each pays that cost, reaches {native.link_efficiency(LinkKind.NVLINK):.0%} of each link inside a machine and "
+            f"{native.link_efficiency(LinkKind.NET):.0%} of each network link, as NCCL's own transfers do, and its latencies "
             f"x {native.latency_factor:.2f}, as NCCL's own",
             "topocoll hands the collective to NCCL at: " + (", ".join(f"{size}" for size in handed) if handed else "no size"),
         )
@@ -351,7 +354,8 @@ def simulate_report(
         "topocoll_schedule_per_size": {str(size): (s.name or None) for size, s in zip(effective, chosen)},
         "baselines": {label: (s.name if s is not None else None) for label, s in baseline_schedules},
         "nccl_model": (
-            {"handed_to_nccl_sizes_bytes": handed, "call_overhead_s": native.call_overhead_s, "p2p_efficiency": native.p2p_efficiency,
+            {"handed_to_nccl_sizes_bytes": handed, "call_overhead_s": native.call_overhead_s,
+             "link_efficiency": {"inside_machine": native.link_efficiency(LinkKind.NVLINK), "network": native.link_efficiency(LinkKind.NET)},
              "latency_factor": native.latency_factor}
             if native is not None else None
         ),

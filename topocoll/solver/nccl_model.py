@@ -473,11 +473,12 @@ class NcclNative:
         """The fixed cost of one call on these GPUs (:meth:`Calibration.overhead_s`)."""
         return self.calibration.overhead_s(self.view.sm)
 
-    @property
-    def p2p_efficiency(self) -> float:
-        """The share of a link that NCCL's point-to-point copies reach: its rings' (a ring step
-        is one such copy between neighbours), :attr:`Calibration.ring_efficiency`."""
-        return self.calibration.ring_efficiency
+    def link_efficiency(self, kind: LinkKind) -> float:
+        """The share of a ``kind`` link that NCCL's point-to-point transfers reach: between
+        machines the network's (:attr:`Calibration.network_efficiency`), inside a machine its
+        rings' (:attr:`Calibration.ring_efficiency`: a ring step is one such copy between
+        neighbours)."""
+        return self.calibration.network_efficiency if kind is LinkKind.NET else self.calibration.ring_efficiency
 
     @property
     def latency_factor(self) -> float:

@@ -20,9 +20,10 @@ time before it found anything, a verified baseline is returned with a warning: n
 Where the runtime can hand a collective to its inner backend and a model of that backend's
 own collectives is given (``native_model``: :class:`topocoll.solver.nccl_model.NcclNative`
 for NCCL), the backend's collective is a candidate priced by that model, and every schedule
-is held to that backend (:func:`time_on_backend`: its fixed cost per call, the share of a link
-its point-to-point copies reach, its real latencies), so that the two are compared like with
-like: a collective is handed to NCCL wherever NCCL is predicted faster.
+is held to that backend (timed on :func:`backend_topology`: the share of each link the
+backend's point-to-point copies reach, its real latencies; plus its fixed cost per call), so
+that the two are compared like with like: a collective is handed to NCCL wherever NCCL is
+predicted faster.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import networkx as nx
 
 from topocoll.errors import ScaleError, ScheduleError, SolverError
 from topocoll.solver import baselines
+from topocoll.solver.alpha_beta import alpha_beta_time_s
 from topocoll.solver.bound import Bound, cut_bound
 from topocoll.solver.direct import direct
 from topocoll.solver.rail_packing import host_groups
@@ -105,10 +107,9 @@ class NativeModel(Protocol):
         """The fixed cost of any collective call on this backend, which schedules pay too."""
         ...
 
-    @property
-    def p2p_efficiency(self) -> float:
-        """The share of a link's bandwidth the backend's point-to-point transfers reach, which
-        a schedule's bandwidth time is divided by."""
+    def link_efficiency(self, kind: LinkKind) -> float:
+        """The share of a ``kind`` link's bandwidth the backend's point-to-point transfers
+        reach: a schedule run on the backend sees each link that much narrower."""
         ...
 
     @property
@@ -328,26 +329,26 @@ def choose(
     return min(tied, key=lambda i: (network_flows[i], not favour[i], t_bw[i] > widest * (1 + NEAR_TIE), times_s[i], steps[i]))
 
 
-def time_on_backend(native_model: NativeModel, time_s: float, bandwidth_s: float) -> float:
-    """A schedule's predicted time when it runs on the backend ``native_model`` describes.
+def backend_topology(native_model: NativeModel, topology: Topology) -> Topology:
+    """``topology`` as the backend's own transfers see it: each link narrowed to the share of
+    its kind they reach (:meth:`NativeModel.link_efficiency`), each latency times the backend's
+    latency factor. A schedule run on the backend is timed on it.
 
     Parameters
     ----------
     native_model : NativeModel
-    time_s : float
-        The schedule's time by topocoll's model (event simulator or α-β).
-    bandwidth_s : float
-        Its bandwidth time at that size (``t_bw`` x size), the part of ``time_s`` that links
-        carry; the rest is latency.
+    topology : Topology
 
     Returns
     -------
-    float
-        The fixed cost per call, plus the latency times the backend's latency factor, plus the
-        bandwidth time over its point-to-point efficiency.
+    Topology
     """
-    latency_s = max(0.0, time_s - bandwidth_s)
-    return native_model.call_overhead_s + latency_s * native_model.latency_factor + bandwidth_s / native_model.p2p_efficiency
+    factor = native_model.latency_factor
+    links = [
+        dataclasses.replace(link, bw_bytes_per_s=link.bw_bytes_per_s * native_model.link_efficiency(link.kind), latency_s=link.latency_s * factor)
+        for link in topology.links
+    ]
+    return Topology(topology.nodes, links, name=topology.name, notes=topology.notes)
 
 
 def predict_times(
@@ -357,40 +358,47 @@ def predict_times(
     """``candidates`` with their predicted time at ``size_bytes``, and the model that gave it.
 
     With a ``native_model``, the :data:`NATIVE` candidate takes its time from it, and every other
-    candidate is held to the same backend: its bandwidth time (``t_bw`` x size) is divided by
-    the model's point-to-point efficiency, the rest of its time (latency) multiplied by the
-    model's latency factor, and it pays the fixed cost per call on top.
+    candidate is held to the same backend: it is timed on the graph as the backend's transfers
+    see it (:func:`backend_topology`), with the per-message overhead times the backend's latency
+    factor, and pays the backend's fixed cost per call on top.
     """
     if native_model is None:
         return _predict_schedules(candidates, topology, size_bytes, per_message_overhead_s)
-    scheduled = [i for i, c in enumerate(candidates) if c.name != NATIVE]
-    timed, model = (
-        _predict_schedules([candidates[i] for i in scheduled], topology, size_bytes, per_message_overhead_s) if scheduled else ((), "alpha-beta")
-    )
-    out = list(candidates)
-    for i, c in zip(scheduled, timed):
-        out[i] = dataclasses.replace(c, predicted_time_s=time_on_backend(native_model, c.predicted_time_s, c.t_bw_s_per_byte * size_bytes))
-    for i, c in enumerate(candidates):
+    scheduled = [candidates[i] for i, c in enumerate(candidates) if c.name != NATIVE]
+    timed: tuple[Candidate, ...] = ()
+    model = "alpha-beta"
+    if scheduled:
+        held = backend_topology(native_model, topology)
+        overhead_s = per_message_overhead_s * native_model.latency_factor
+        alpha_beta = [alpha_beta_time_s(c.schedule, held, size_bytes, overhead_s) for c in scheduled]
+        timed, model = _predict_schedules(scheduled, held, size_bytes, overhead_s, alpha_beta)
+    on_backend = iter(timed)
+    out = []
+    for c in candidates:
         if c.name == NATIVE:
             collective = c.schedule.collective
-            out[i] = dataclasses.replace(
+            out.append(dataclasses.replace(
                 c, predicted_time_s=native_model.time_s(collective, size_bytes),
                 native_t_bw_s_per_byte=1.0 / native_model.algbw_bytes_per_s(collective),
-            )
+            ))
+        else:
+            timed_c = next(on_backend)
+            out.append(dataclasses.replace(timed_c, predicted_time_s=native_model.call_overhead_s + timed_c.predicted_time_s))
     return tuple(out), model + "+native model"
 
 
 def _predict_schedules(
-    candidates: Sequence[Candidate], topology: Topology, size_bytes: float, per_message_overhead_s: float
+    candidates: Sequence[Candidate], topology: Topology, size_bytes: float, per_message_overhead_s: float,
+    alpha_beta: Sequence[float] | None = None,
 ) -> tuple[tuple[Candidate, ...], str]:
-    """The schedules' own times (see :func:`predict_times`).
+    """The schedules' times on ``topology`` (see :func:`predict_times`).
 
-    The candidates within :data:`EVENT_MODEL_SHORTLIST` of the fastest by the α-β time their
-    verification computed are run through the event simulator, when they hold at most
-    :data:`EVENT_MODEL_MAX_MESSAGES` messages together; the others keep their α-β time.
-    Beyond that budget every candidate keeps its α-β time.
+    The candidates within :data:`EVENT_MODEL_SHORTLIST` of the fastest by α-β time (``alpha_beta``
+    on this topology, else what their verification computed) are run through the event
+    simulator, when they hold at most :data:`EVENT_MODEL_MAX_MESSAGES` messages together; the
+    others keep their α-β time. Beyond that budget every candidate keeps its α-β time.
     """
-    alpha_beta = [c.verification.alpha_beta_time_s for c in candidates]
+    alpha_beta = list(alpha_beta) if alpha_beta is not None else [c.verification.alpha_beta_time_s for c in candidates]
     shortlist = [i for i, t in enumerate(alpha_beta) if t <= min(alpha_beta) * EVENT_MODEL_SHORTLIST]
     programs = {}
     for i in sorted(shortlist, key=lambda i: candidates[i].schedule.transfer_count()):
