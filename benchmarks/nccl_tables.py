@@ -219,12 +219,15 @@ def evaluate(tables: list[Table]) -> dict:
     return {"calibration": dict(zip((p[0] for p in PARAMETERS), values)), "tables": results}
 
 
-#: Machines where the topology is uneven, beside the tables' ones: (label, preset, GPUs taken).
+#: Machines where the topology is uneven, beside the tables' ones: (label, preset, GPUs taken
+#: of one machine, or the GPUs taken of each machine of a rail-optimized cluster of them).
 UNEVEN = (
     ("8-GPU PCIe box (two sockets, two PCIe switches each)", "pcie-8gpu", 8),
     ("5 GPUs of a DGX-1 (NVLink hybrid cube-mesh)", "dgx1-v100", 5),
     ("5 GPUs of a DGX A100", "dgx-a100", 5),
     ("3 GPUs of a DGX H100", "dgx-h100", 3),
+    ("8, 8 and 1 GPUs of three DGX H100 (a scheduler's job of 17)", "dgx-h100", (8, 8, 1)),
+    ("4, 4, 2 and 1 GPUs of four DGX H100 (a job of 11)", "dgx-h100", (4, 4, 2, 1)),
 )
 UNEVEN_SIZES = tuple(1 << k for k in range(10, 34, 3))
 
@@ -252,6 +255,8 @@ def against_nccl(label: str, topology, ranks, sizes) -> dict:
 
 
 def comparisons(tables: list[Table]) -> list[dict]:
+    from topocoll.topo.allocation import allocate
+    from topocoll.topo.cluster import make_cluster
     from topocoll.topo.presets import build_preset
 
     out = []
@@ -261,8 +266,13 @@ def comparisons(tables: list[Table]) -> list[dict]:
         out.append(against_nccl(what, topology, topology.compute_nodes(), [size for size, _ in table.measured]))
     for label, preset, gpus in UNEVEN:
         print(f"  topocoll vs NCCL: {label} ...", file=sys.stderr, flush=True)
-        topology = build_preset(preset)
-        out.append(against_nccl(label, topology, topology.compute_nodes()[:gpus], UNEVEN_SIZES))
+        if isinstance(gpus, int):
+            topology = build_preset(preset)
+            ranks = topology.compute_nodes()[:gpus]
+        else:
+            topology = allocate(make_cluster(preset, len(gpus)), gpus_per_node=gpus, seed=0)
+            ranks = topology.compute_nodes()
+        out.append(against_nccl(label, topology, ranks, UNEVEN_SIZES))
     return out
 
 

@@ -159,3 +159,79 @@ def test_rooted_collectives_on_presets_converge(preset, collective):
     assert synthesis.optimal
     ratio = ratio_to_bound(topo, synthesis)
     assert MIN_RATIO <= ratio <= NEVER_BELOW
+
+
+def _min_cut_bw(topo, ranks) -> float:
+    """The narrowest cut between two ranks (networkx max-flow, compute nodes that are not ranks
+    left out): allreduce moves every byte across every such cut at least once each way, so no
+    schedule's bandwidth time per byte is below one over it."""
+    import networkx as nx
+
+    keep = {n.id for n in topo.nodes if not n.kind.is_compute or n.id in ranks}
+    graph = nx.DiGraph()
+    for link in topo.links:
+        if link.src in keep and link.dst in keep:
+            graph.add_edge(link.src, link.dst, capacity=link.bw_bytes_per_s)
+    return min(nx.maximum_flow_value(graph, u, v) for u in ranks for v in ranks if u != v)
+
+
+def test_allreduce_over_uneven_machines_sends_each_byte_once_each_way():
+    """Two GPUs of one machine on a switch, a third GPU of another machine behind a 10 GB/s link.
+
+    Every byte's reduction and result cross that link once each way, so the allreduce needs
+    ``S / 10 GB/s`` of it; reduce-scatter and allgather packed apart each count the third GPU's
+    two thirds (the reference bound: ``2 x (2/3) S / 10 GB/s``). Packed together the schedule
+    takes the link's time exactly: 4/3 of the reference.
+    """
+    b = TopologyBuilder("uneven")
+    for name, host in (("a", "h0"), ("b", "h0"), ("c", "h1")):
+        b.add_node(Node(name, NodeKind.GPU, host_id=host))
+    b.add_node(Node("sw", NodeKind.PCIE_SWITCH, host_id="h0"))
+    b.add_link("a", "sw", LinkKind.PCIE, 100e9)
+    b.add_link("b", "sw", LinkKind.PCIE, 100e9)
+    b.add_link("sw", "c", LinkKind.NET, 10e9)
+    topo = b.build()
+    synthesis = synthesize(topo, Collective.ALLREDUCE, list(topo.compute_nodes()))
+    checked = verify(synthesis.schedule, topo)
+    assert checked.ok, checked.errors[:3]
+    # within the 0.01 % the packing gives up for shallower trees
+    assert checked.t_bw_s_per_byte == pytest.approx(1 / 10e9, rel=2e-4, abs=0)
+    assert synthesis.bound.time_per_byte_s == pytest.approx(2 * (2 / 3) / 10e9, rel=1e-9, abs=0)
+
+
+def test_allreduce_on_a_scheduler_s_uneven_job_of_dgx_h100s():
+    """8, 8 and 1 GPUs of three DGX H100s: the lone GPU reaches the network only through its
+    PCIe link (its NVSwitches join no other GPU of the job), which then carries every byte once
+    each way, where the reference bound counts 16/17 of it twice."""
+    from topocoll.topo.allocation import allocate
+    from topocoll.topo.cluster import make_cluster
+
+    job = allocate(make_cluster("dgx-h100", 4), gpus_per_node=(8, 8, 1), seed=0)
+    ranks = list(job.compute_nodes())
+    lone = ranks[-1]
+    (pcie,) = [link for link in job.links if link.src == lone and link.kind is LinkKind.PCIE]
+    synthesis = synthesize(job, Collective.ALLREDUCE, ranks)
+    checked = verify(synthesis.schedule, job)
+    assert checked.ok, checked.errors[:3]
+    assert checked.t_bw_s_per_byte == pytest.approx(1 / pcie.bw_bytes_per_s, rel=1e-3, abs=0)
+    assert synthesis.bound.time_per_byte_s / checked.t_bw_s_per_byte == pytest.approx(2 * 16 / 17, rel=1e-3)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_uneven_machines(data):
+    """Random graphs whose GPUs sit on machines holding different numbers of them: the
+    allreduce verifies, reaches the reference bound, and never beats the narrowest cut."""
+    topo = data.draw(_topologies(min_gpus=3))
+    gpus = list(topo.compute_nodes())
+    hosts = data.draw(st.lists(st.integers(0, 1), min_size=len(gpus), max_size=len(gpus)).filter(lambda h: 0 < sum(h) != len(h) - sum(h)))
+    builder = TopologyBuilder("random-uneven")
+    for node in topo.nodes:
+        builder.add_node(Node(node.id, node.kind, host_id=f"h{hosts[gpus.index(node.id)]}") if node.id in gpus else node)
+    for link in topo.links:
+        builder.add_link(link.src, link.dst, link.kind, link.bw_bytes_per_s, link.latency_s, duplex=False)
+    topo = builder.build()
+    synthesis = synthesize(topo, Collective.ALLREDUCE, gpus)
+    assert ratio_to_bound(topo, synthesis) >= MIN_RATIO
+    checked = verify(synthesis.schedule, topo)
+    assert checked.t_bw_s_per_byte >= 1 / _min_cut_bw(topo, gpus) * (1 - 1e-6)

