@@ -336,7 +336,13 @@ class Executor:
         reduction: Reduction | None,
         collective: str,
     ) -> None:
-        """One step over a transport whose sends and receives progress independently (gloo)."""
+        """One step over a transport whose sends and receives progress independently (gloo).
+
+        Every receive is posted before any send: a gloo pair whose two ranks both post their
+        send first moves one direction at a time. Measured on ``two-racks``' 50 Mbit/s uplink,
+        64 MiB each way between two ranks: 2.98 MB/s each way with sends first, 5.63-5.66 MB/s
+        (95 % of the link) with receives first, whichever rank came late.
+        """
         try:
             receiving = []
             recv_apply = getattr(self._transport, "recv_apply", None)
