@@ -16,8 +16,9 @@ factor on NCCL's published latencies) are fitted here to all tables at once, by 
 over measured busbw (a robust loss, so that one odd table cannot pull the rest). A two-machine
 table with small sizes also fits its network's latency per hop, for LL/LL128 and for Simple
 (properties of that network: ``topocoll topo probe`` measures the first; the second is large
-where a transport stages Simple's chunks through the host, as TCP without RDMA does). To show how the model does on a machine it has not seen,
-every table is also predicted by a fit to the *other* tables ("held out").
+where a transport stages Simple's chunks through the host, as TCP without RDMA does). To show
+how the model does on a machine it has not seen, every table is also predicted by a fit to the
+*other* tables ("held out").
 
 Then topocoll itself, as a ``topo`` group on CUDA would run it (``topocoll simulate --nccl``):
 its planner's schedules, each paying NCCL's fixed cost per call and reaching NCCL's share of
@@ -195,7 +196,8 @@ def evaluate(tables: list[Table]) -> dict:
         held_out[t.name] = (calibration_of(kept), *own_latency.get(t.name, NO_LATENCY))
     results = []
     for t in tables:
-        fitted = predicted_busbw(t, calibration, *latencies.get(t.name, NO_LATENCY))
+        own = latencies.get(t.name, NO_LATENCY)
+        fitted = predicted_busbw(t, calibration, *own)
         alone = predicted_busbw(t, *held_out[t.name])
         rows = []
         for (size, measured), (busbw, label), (busbw_out, _) in zip(t.measured, fitted, alone):
@@ -213,8 +215,7 @@ def evaluate(tables: list[Table]) -> dict:
             "table": t.name, "machine": t.what, "gpus": view.ranks, "machines": view.machines,
             "gpu_bw_bytes_per_s": view.gpu_bw_bytes_per_s, "network_bw_bytes_per_s": view.network_bw_bytes_per_s,
             "nvls": view.nvls, "network_rdma": view.network_rdma,
-            "network_latency_s": latencies.get(t.name, NO_LATENCY)[0], "network_simple_latency_s": latencies.get(t.name, NO_LATENCY)[1],
-            "rows": rows,
+            "network_latency_s": own[0], "network_simple_latency_s": own[1], "rows": rows,
         })
     return {"calibration": dict(zip((p[0] for p in PARAMETERS), values)), "tables": results}
 

@@ -212,7 +212,7 @@ def test_planner_hands_nccl_what_nccl_does_faster():
     assert broadcast.candidate(NATIVE) is None
 
 
-def _narrowed(topology, model):
+def _narrowed(topology):
     """The graph as NCCL's transfers see it, rebuilt here link by link: inside a machine its
     rings' share of each link, between machines the network's, every latency scaled."""
     return Topology(
@@ -240,7 +240,7 @@ def test_schedules_are_held_to_nccls_efficiency_and_fixed_cost():
     native = held.candidate(NATIVE)
     assert native.predicted_time_s == pytest.approx(model.time_s(Collective.ALLREDUCE, 64 * MIB), rel=1e-6, abs=0)
     assert native.t_bw_s_per_byte == pytest.approx(1 / model.algbw_bytes_per_s(Collective.ALLREDUCE), rel=1e-6, abs=0)
-    narrowed = _narrowed(pcie, model)
+    narrowed = _narrowed(pcie)
     overhead_s = DEFAULT_PER_MESSAGE_OVERHEAD_S * CALIBRATION.latency_scale
     assert held.model.startswith("events")
     fixed_s = CALIBRATION.overhead_s(pcie.node(ranks[0]).sm)
@@ -264,7 +264,7 @@ def test_schedules_cross_the_network_at_nccls_network_share():
     model = nccl_native(cluster, ranks)
     assert model.link_efficiency(LinkKind.NET) == CALIBRATION.network_efficiency != CALIBRATION.ring_efficiency
     assert model.link_efficiency(LinkKind.NVLINK) == model.link_efficiency(LinkKind.PCIE) == CALIBRATION.ring_efficiency
-    ours, theirs = backend_topology(model, cluster), _narrowed(cluster, model)
+    ours, theirs = backend_topology(model, cluster), _narrowed(cluster)
     assert [(l.src, l.dst, l.kind) for l in ours.links] == [(l.src, l.dst, l.kind) for l in theirs.links]
     assert [x for l in ours.links for x in (l.bw_bytes_per_s, l.latency_s)] == pytest.approx(
         [x for l in theirs.links for x in (l.bw_bytes_per_s, l.latency_s)], rel=1e-12, abs=0

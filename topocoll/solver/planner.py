@@ -364,7 +364,7 @@ def predict_times(
     """
     if native_model is None:
         return _predict_schedules(candidates, topology, size_bytes, per_message_overhead_s)
-    scheduled = [candidates[i] for i, c in enumerate(candidates) if c.name != NATIVE]
+    scheduled = [c for c in candidates if c.name != NATIVE]
     timed: tuple[Candidate, ...] = ()
     model = "alpha-beta"
     if scheduled:
