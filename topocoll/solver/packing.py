@@ -505,21 +505,35 @@ class _ColumnPool:
         self.age = [self.age[k] + 1 for k in keep]
 
 
-def _price_trees(net: RankNetwork, roots: Sequence[int], solution: lp.PackingSolution, pool: _ColumnPool) -> int:
+def _price_trees(
+    net: RankNetwork, roots: Sequence[int], solution: lp.PackingSolution, pool: _ColumnPool, *, by_height: bool = False
+) -> int:
     """Add to ``pool`` each root's cheapest tree under the LP's edge duals when it prices below
-    the root's group dual (it would lower the busiest-link time); the number added."""
+    the root's group dual (it would lower the busiest-link time); the number added.
+
+    ``by_height`` prices for the second stage (:func:`_shallowest`): a tree then also costs its
+    height, and the cheaper of a two-level tree (:func:`_two_level_pairs`) and the minimum
+    arborescence is offered.
+    """
     present = pool.keys()
     cost, pred = net.routes(net.edge_prices(solution.edge_duals) + _HOP_COST)
     added = 0
     for group, root in enumerate(roots):
-        made = _tree_column(net, cost, pred, root, group)
-        if made is None:
+        best = None
+        for pairs in ((_two_level_pairs(cost, root), None) if by_height else (None,)):
+            made = _tree_column(net, cost, pred, root, group, pairs)
+            if made is None:
+                continue
+            column, tree, price = made
+            value = price - _HOP_COST * sum(load for _, load in column.loads) + (tree.height if by_height else 0)
+            if best is None or value < best[0]:
+                best = (value, column, tree)
+        if best is None:
             continue
-        column, tree, price = made
-        true_price = price - _HOP_COST * sum(load for _, load in column.loads)
+        value, column, tree = best
         mu = solution.group_duals[group]
         key = (column.group, column.loads)
-        if true_price < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
+        if value < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
             pool.add(column, tree)
             present.add(key)
             added += 1
@@ -567,37 +581,9 @@ def _shallowest(
         if shallow.status is not lp.LPStatus.OPTIMAL:
             break
         best = lp.PackingSolution(shallow.status, shallow.tau, shallow.weights, solution.group_duals, solution.edge_duals, shallow.solver)
-        if _price_shallow_trees(net, roots, shallow, pool) == 0:
+        if _price_trees(net, roots, shallow, pool, by_height=True) == 0:
             break
     return best
-
-
-def _price_shallow_trees(net: RankNetwork, roots: Sequence[int], solution: lp.PackingSolution, pool: _ColumnPool) -> int:
-    """Add to ``pool`` each root's best tree for the second stage (height plus arc prices under
-    its duals) when that beats the root's dual; the number added."""
-    present = pool.keys()
-    cost, pred = net.routes(net.edge_prices(solution.edge_duals) + _HOP_COST)
-    added = 0
-    for group, root in enumerate(roots):
-        best = None
-        for pairs in (_two_level_pairs(cost, root), None):
-            made = _tree_column(net, cost, pred, root, group, pairs)
-            if made is None:
-                continue
-            column, tree, price = made
-            value = tree.height + price - _HOP_COST * sum(load for _, load in column.loads)
-            if best is None or value < best[0]:
-                best = (value, column, tree)
-        if best is None:
-            continue
-        value, column, tree = best
-        mu = solution.group_duals[group]
-        key = (column.group, column.loads)
-        if value < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
-            pool.add(column, tree)
-            present.add(key)
-            added += 1
-    return added
 
 
 def _two_level_pairs(cost: np.ndarray, root: int) -> list[tuple[int, int]] | None:
