@@ -149,3 +149,19 @@ def test_bad_matrices_are_refused(matrix, message):
         T.route_lp(topo, topo.compute_nodes(), matrix)
     with pytest.raises(SolverError, match=message):
         T.route_fast(T.candidate_paths(topo, topo.compute_nodes()), matrix)
+
+
+def test_relay_free_routing_uses_no_rank_as_a_relay_and_is_at_least_as_good_as_one_link_per_pair():
+    """On the MI300X mesh every pair has its own xGMI link: the relay-free optimum of the uniform
+    all-to-all is no slower than one byte per pair on that link alone (1 / its bandwidth), and
+    no faster than the traffic bound, which lets ranks relay."""
+    topo = build_preset("mi300x")
+    ranks = tuple(n.id for n in topo.nodes if n.kind is NodeKind.GPU)
+    matrix = np.ones((len(ranks), len(ranks))) - np.eye(len(ranks))
+    routing = T.route_lp(topo, ranks, matrix, relays=False)
+    assert all(not set(split.path[1:-1]) & set(ranks) for split in routing.splits)
+    star_time_s = 1.0 / topo.link(ranks[0], ranks[1]).bw_bytes_per_s
+    assert routing.time_s <= star_time_s * (1 + 1e-6)
+    assert routing.time_s >= T.traffic_bound(topo, ranks, matrix).time_s * (1 - 1e-6)
+    relayed = T.route_lp(topo, ranks, matrix)
+    assert any(set(split.path[1:-1]) & set(ranks) for split in relayed.splits)

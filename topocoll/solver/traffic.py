@@ -245,11 +245,20 @@ class _Network:
         self._edge_index = np.full((a.n, a.n), -1, dtype=np.int64)  # link of each (tail, head)
         self._edge_index[a.src, a.dst] = np.arange(len(a.src))
 
-    def shortest(self, weights: np.ndarray, sources: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Distances and predecessors from each rank in ``sources`` under link ``weights``."""
+    def shortest(self, weights: np.ndarray, sources: Sequence[int], relays: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Distances and predecessors from each rank in ``sources`` under link ``weights``;
+        without ``relays``, paths leave no rank but their source."""
         a = self.arrays
-        graph = csr_matrix((weights, (a.src, a.dst)), shape=(a.n, a.n))
-        return dijkstra(graph, directed=True, indices=[int(a.ranks[s]) for s in sources], return_predecessors=True)
+        if relays:
+            graph = csr_matrix((weights, (a.src, a.dst)), shape=(a.n, a.n))
+            return dijkstra(graph, directed=True, indices=[int(a.ranks[s]) for s in sources], return_predecessors=True)
+        from_rank = np.isin(a.src, a.ranks)
+        rows = []
+        for s in sources:
+            keep = ~from_rank | (a.src == a.ranks[s])
+            graph = csr_matrix((weights[keep], (a.src[keep], a.dst[keep])), shape=(a.n, a.n))
+            rows.append(dijkstra(graph, directed=True, indices=[int(a.ranks[s])], return_predecessors=True))
+        return np.vstack([d for d, _ in rows]), np.vstack([p for _, p in rows])
 
     def path_edges(self, pred_row: np.ndarray, src: int, dst: int) -> tuple[int, ...] | None:
         """Link indices of the path from rank ``src`` to rank ``dst`` in a predecessor row."""
@@ -357,8 +366,9 @@ def route_lp(
     solver: str = "highs",
     time_limit_s: float = 60.0,
     gap: float = 1e-4,
+    relays: bool = True,
 ) -> Routing:
-    """The routing with the least bandwidth time (multi-path, relays allowed), by column generation.
+    """The routing with the least bandwidth time (multi-path), by column generation.
 
     Parameters
     ----------
@@ -372,6 +382,9 @@ def route_lp(
         Budget; the best routing so far is returned when it runs out (``optimal`` False).
     gap : float
         Stop when the time is within this fraction of :func:`traffic_bound`.
+    relays : bool
+        Let paths pass through other ranks (default); False keeps every path free of them (the
+        optimum over such paths, which the bound need not reach).
 
     Returns
     -------
@@ -407,7 +420,7 @@ def route_lp(
     def add_paths(weights: np.ndarray, duals: Sequence[float] | None) -> int:
         added = 0
         sources = sorted(by_source)
-        _, pred = net.shortest(weights, sources)
+        _, pred = net.shortest(weights, sources, relays)
         for row, i in enumerate(sources):
             for k in by_source[i]:
                 edges = net.path_edges(pred[row], i, pairs[k][1])
