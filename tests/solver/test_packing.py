@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.solver import helpers as H
 from topocoll.errors import SolverError
 from topocoll.solver.bound import cut_bound
-from topocoll.solver.packing import _two_level_pairs, min_arborescence, pack_trees
+from topocoll.solver.packing import min_arborescence, pack_trees
 from topocoll.solver.schedule import Collective
 from topocoll.topo.presets import build_preset
 
@@ -243,28 +243,3 @@ def test_max_trees_per_root_keeps_the_heaviest():
     capped = pack_trees(topo, ranks, range(8), max_trees_per_root=1)
     assert all(sum(1 for t in capped.trees if t.root == r) == 1 for r in range(8))
     assert len(full.trees) >= len(capped.trees)
-
-
-def test_two_level_tree_hangs_ranks_below_a_cheap_relay():
-    """Root 0 reaches 1 cheaply and 2, 3 dearly; 1 reaches 2 and 3 cheaply: both go below 1.
-    Rank 3 of the second matrix is out of the root's reach and goes below 2."""
-    inf = np.inf
-    cost = np.array([[inf, 1, 5, 5], [9, inf, 1, 1], [9, 9, inf, 9], [9, 9, 9, inf]])
-    assert sorted(_two_level_pairs(cost, 0)) == [(0, 1), (1, 2), (1, 3)]
-    cost = np.array([[inf, 1, 1, inf], [9, inf, 9, 3], [9, 9, inf, 2], [9, 9, 9, inf]])
-    assert sorted(_two_level_pairs(cost, 0)) == [(0, 1), (0, 2), (2, 3)]
-    cost[1, 3] = cost[2, 3] = inf
-    assert _two_level_pairs(cost, 0) is None
-
-
-@SETTINGS
-@given(st.integers(3, 9).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.floats(0.1, 10), min_size=n * n, max_size=n * n))))
-def test_two_level_tree_spans_within_two_levels_and_never_costs_more_than_the_star(case):
-    n, values = case
-    cost = np.array(values).reshape(n, n)
-    np.fill_diagonal(cost, np.inf)
-    pairs = _two_level_pairs(cost, 0)
-    parent = {child: par for par, child in pairs}
-    assert sorted(parent) == list(range(1, n))
-    assert all(parent[v] == 0 or parent[parent[v]] == 0 for v in parent)
-    assert sum(cost[p, c] for p, c in pairs) <= sum(cost[0, v] for v in range(1, n)) + 1e-9

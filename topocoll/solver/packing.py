@@ -41,10 +41,6 @@ log = logging.getLogger(__name__)
 _KEEP_UNUSED_ROUNDS = 3
 #: Relative bandwidth time the second stage may give up for shallower trees (0.01 %).
 _SHALLOW_SLACK = 1e-4
-#: Pricing rounds of the second stage: each costs an LP solve and a pricing pass (about 20 ms on
-#: 8 GPUs here), and 10 keep an 8-GPU synthesis within 0.5 s; 20 lowered the MI300X layouts'
-#: predicted time by another 10 % for twice the time.
-_SHALLOW_ROUNDS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,36 +502,21 @@ class _ColumnPool:
         self.age = [self.age[k] + 1 for k in keep]
 
 
-def _price_trees(
-    net: RankNetwork, roots: Sequence[int], solution: lp.PackingSolution, pool: _ColumnPool, *, by_height: bool = False
-) -> int:
+def _price_trees(net: RankNetwork, roots: Sequence[int], solution: lp.PackingSolution, pool: _ColumnPool) -> int:
     """Add to ``pool`` each root's cheapest tree under the LP's edge duals when it prices below
-    the root's group dual (it would lower the busiest-link time); the number added.
-
-    ``by_height`` prices for the second stage (:func:`_shallowest`): a tree then also costs its
-    height, and the two-level tree of :func:`_two_level_pairs` is offered instead of the minimum
-    arborescence (deep trees come from the first stage; offering the arborescence too made each
-    round slower and the MI300X layouts no faster).
-    """
+    the root's group dual (it would lower the busiest-link time); the number added."""
     present = pool.keys()
     cost, pred = net.routes(net.edge_prices(solution.edge_duals) + _HOP_COST)
     added = 0
     for group, root in enumerate(roots):
-        best = None
-        for pairs in ((_two_level_pairs(cost, root),) if by_height else (None,)):
-            made = _tree_column(net, cost, pred, root, group, pairs)
-            if made is None:
-                continue
-            column, tree, price = made
-            value = price - _HOP_COST * sum(load for _, load in column.loads) + (tree.height if by_height else 0)
-            if best is None or value < best[0]:
-                best = (value, column, tree)
-        if best is None:
+        made = _tree_column(net, cost, pred, root, group)
+        if made is None:
             continue
-        value, column, tree = best
+        column, tree, price = made
+        true_price = price - _HOP_COST * sum(load for _, load in column.loads)
         mu = solution.group_duals[group]
         key = (column.group, column.loads)
-        if value < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
+        if true_price < mu - 1e-9 * max(1.0, abs(mu)) and key not in present:
             pool.add(column, tree)
             present.add(key)
             added += 1
@@ -553,77 +534,27 @@ def _shallowest(
     """Second stage: the same busiest-link time (within :data:`_SHALLOW_SLACK`), least tree depth.
 
     Deep chains and shallow stars often tie on bandwidth; shallow trees need fewer steps. Shallow
-    seeds dropped while pricing get another chance, and the stage prices its own columns: under
-    its duals a tree costs its height plus its arcs' prices, and each round adds, per root, a
-    two-level tree (:func:`_two_level_pairs`, the star where no relay saves) when it beats the
-    root's dual, for at most :data:`_SHALLOW_ROUNDS` rounds. The first stage's pricing finds
-    trees of any height, so without these the stage could only choose among deep ones (measured
-    at 64 MiB by the event simulator: the MI300X allgather's best layout 342 -> 213 us; on 5
-    GPUs of a DGX-1 the layouts went from 3 % slower than the ring to 2 % faster).
+    seeds dropped while pricing get another chance.
     """
     present = pool.keys()
     for column, tree in seeds:
         if (column.group, column.loads) not in present:
             pool.add(column, tree)
             present.add((column.group, column.loads))
-    best = solution
-    for _ in range(_SHALLOW_ROUNDS):
-        if len(pool.trees) <= len(roots) or time.monotonic() > deadline:
-            break
-        shallow = lp.solve_packing(
-            len(roots),
-            net.row_cap,
-            pool.columns,
-            solver=solution.solver,
-            time_limit_s=max(1.0, deadline - time.monotonic()),
-            depths=[t.height for t in pool.trees],
-            tau_limit=solution.tau * (1 + _SHALLOW_SLACK),
-        )
-        if shallow.status is not lp.LPStatus.OPTIMAL:
-            break
-        best = lp.PackingSolution(shallow.status, shallow.tau, shallow.weights, solution.group_duals, solution.edge_duals, shallow.solver)
-        if _price_trees(net, roots, shallow, pool, by_height=True) == 0:
-            break
-    return best
-
-
-def _two_level_pairs(cost: np.ndarray, root: int) -> list[tuple[int, int]] | None:
-    """A cheap spanning tree of height at most 2 under arc costs ``cost``, as (parent, child)
-    pairs in breadth-first order; None when the root reaches some rank neither directly nor
-    through one other.
-
-    Local search from the star: a rank moves below a rank hanging off the root when that arc is
-    cheaper than its own, the largest saving first; ranks that others hang below stay.
-    """
-    n = cost.shape[0]
-    others = [v for v in range(n) if v != root]
-    parent = np.full(n, root)
-    direct = np.isfinite(cost[root])
-    for v in others:
-        if not direct[v]:
-            via = [u for u in others if direct[u] and np.isfinite(cost[u, v])]
-            if not via:
-                return None
-            parent[v] = min(via, key=lambda u: cost[u, v])
-    while True:
-        level_one = np.flatnonzero(parent == root)
-        level_one = level_one[level_one != root]
-        has_children = np.zeros(n, dtype=bool)
-        has_children[parent[parent != root]] = True
-        # best relay for every rank among the level-one ranks other than itself
-        below = cost[level_one].copy()  # below[k, v]: v hanging below level_one[k]
-        below[np.arange(len(level_one)), level_one] = np.inf
-        best_k = np.argmin(below, axis=0)
-        best_cost = below[best_k, np.arange(n)]
-        current = cost[parent, np.arange(n)]
-        saving = np.where((parent == root) & ~has_children & (np.arange(n) != root), current - best_cost, 0.0)
-        v = int(np.argmax(saving))
-        if saving[v] <= 1e-12 * max(1.0, abs(current[v])):
-            break
-        parent[v] = level_one[best_k[v]]
-    pairs = [(root, int(v)) for v in others if parent[v] == root]
-    pairs += [(int(parent[v]), int(v)) for v in others if parent[v] != root]
-    return pairs
+    if len(pool.trees) <= len(roots):
+        return solution
+    shallow = lp.solve_packing(
+        len(roots),
+        net.row_cap,
+        pool.columns,
+        solver=solution.solver,
+        time_limit_s=max(1.0, deadline - time.monotonic()),
+        depths=[t.height for t in pool.trees],
+        tau_limit=solution.tau * (1 + _SHALLOW_SLACK),
+    )
+    if shallow.status is not lp.LPStatus.OPTIMAL:
+        return solution
+    return lp.PackingSolution(shallow.status, shallow.tau, shallow.weights, solution.group_duals, solution.edge_duals, shallow.solver)
 
 
 def _normalise(trees: Sequence[Tree], weights: Sequence[float], roots: Sequence[int], max_trees_per_root: int | None) -> list[Tree]:
