@@ -287,7 +287,7 @@ def test_on_shared_memory_the_predicted_time_alone_decides(collective):
 
 
 # ----------------------------------------------------------------------------- LP failure
-def _error_solution(n_groups, capacities, columns, solver="highs", time_limit_s=None):
+def _error_solution(n_groups, capacities, columns, solver="highs", time_limit_s=None, **options):
     return lp.PackingSolution(lp.LPStatus.ERROR, 0.0, tuple(0.0 for _ in columns), (), (), solver)
 
 

@@ -5,10 +5,14 @@ It solves the master problem of tree packing::
     minimise    tau
     subject to  sum of y_k over the columns k of group g  = 1      for every group g  (dual mu_g)
                 tau * cap_e - sum_k load_k(e) * y_k       >= 0      for every edge e   (dual pi_e >= 0)
+                limit_b - sum_k use_k(b) * y_k            >= 0      for every budget b (dual beta_b >= 0)
                 y_k >= 0
 
 A column is a tree carrying a fraction ``y_k`` of its group's data (a group is a root's shard);
-``tau`` is the time to move one unit of every group. The duals price the next column
+``tau`` is the time to move one unit of every group. Budgets are optional rows that cap a sum
+of columns by a constant, not by ``tau`` (the shards' parts that may be forwarded:
+:func:`topocoll.solver.traffic.route_two_hop`); a column's reduced cost is then
+``sum_e load_k(e) pi_e + sum_b use_k(b) beta_b - mu_g``. The duals price the next column
 (:func:`topocoll.solver.packing.pack_trees`). The solver is always named explicitly: HiGHS through
 highspy by default, CBC as the fallback.
 """
@@ -44,10 +48,12 @@ SOLVERS = ("highs", "cbc")
 
 @dataclass(frozen=True, slots=True)
 class PackingColumn:
-    """One tree: its group and its load ``((edge_index, load), ...)`` on the edges."""
+    """One tree: its group, its load ``((edge_index, load), ...)`` on the edges and its use
+    ``((budget_index, use), ...)`` of the budgets."""
 
     group: int
     loads: tuple[tuple[int, float], ...]
+    uses: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,7 @@ class PackingSolution:
     group_duals: tuple[float, ...]
     edge_duals: tuple[float, ...]
     solver: str
+    budget_duals: tuple[float, ...] = ()
 
 
 def available_solvers() -> tuple[str, ...]:
@@ -116,6 +123,7 @@ def solve_packing(
     time_limit_s: float | None = None,
     depths: Sequence[float] | None = None,
     tau_limit: float | None = None,
+    budgets: Sequence[float] = (),
 ) -> PackingSolution:
     """Solve the packing master problem (see the module docstring).
 
@@ -136,6 +144,8 @@ def solve_packing(
         Depth of each column's tree (second stage only).
     tau_limit : float, optional
         Largest ``tau`` allowed in the second stage.
+    budgets : sequence of float
+        Limit of each budget row (see the module docstring); columns name them in ``uses``.
 
     Returns
     -------
@@ -152,10 +162,15 @@ def solve_packing(
         problem += tau
     by_group: list[list[pulp.LpVariable]] = [[] for _ in range(n_groups)]
     by_edge: dict[int, list[tuple[pulp.LpVariable, float]]] = {}
+    by_budget: list[list[tuple[pulp.LpVariable, float]]] = [[] for _ in budgets]
     for var, column in zip(weights, columns):
         by_group[column.group].append(var)
         for edge, load in column.loads:
             by_edge.setdefault(edge, []).append((var, -load))
+        for budget, use in column.uses:
+            if not 0 <= budget < len(by_budget):
+                raise SolverError(f"a column of group {column.group} uses budget {budget}; {len(by_budget)} budgets given")
+            by_budget[budget].append((var, -use))
     group_rows = []
     for g, members in enumerate(by_group):
         if not members:
@@ -168,6 +183,11 @@ def solve_packing(
         expr = pulp.LpAffineExpression(terms + [(tau, capacities[edge])])
         edge_rows[edge] = pulp.LpConstraint(expr, pulp.LpConstraintGE, f"e{edge}", 0.0)
         problem += edge_rows[edge]
+    budget_rows = {}
+    for b, (terms, limit) in enumerate(zip(by_budget, budgets)):
+        if terms:  # a budget no column uses binds nothing
+            budget_rows[b] = pulp.LpConstraint(pulp.LpAffineExpression(terms), pulp.LpConstraintGE, f"b{b}", -float(limit))
+            problem += budget_rows[b]
     with _quiet_stdout():
         code = problem.solve(_solver(solver, time_limit_s))
     status_text = pulp.LpStatus.get(code, "Undefined")
@@ -193,4 +213,5 @@ def solve_packing(
         group_duals,
         tuple(edge_duals),
         solver,
+        tuple(max(0.0, float(budget_rows[b].pi or 0.0)) if b in budget_rows else 0.0 for b in range(len(budgets))),
     )

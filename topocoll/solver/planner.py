@@ -3,7 +3,8 @@
 :func:`plan_collective` is the entry point of the solver. It checks the request, computes the cut bound,
 packs trees by LP (:mod:`topocoll.solver.synthesize`), lays them out at several pipeline
 depths, adds the direct multi-path schedule on small worlds (:mod:`topocoll.solver.direct`:
-one step per phase, each pair over several paths) and, on networks, rings weighted by their
+one step per phase, each pair over several paths; where that falls short of the bound, also
+with parts of each shard forwarded once by another rank) and, on networks, rings weighted by their
 bandwidth (:func:`topocoll.solver.baselines.weighted_rings`: at the bound of a multi-rail
 network with one transfer per link), builds the baselines, verifies every
 candidate, and keeps the one with the lowest predicted time at ``size_bytes`` when a size is given (so small messages get shallow,
@@ -41,7 +42,7 @@ from topocoll.errors import ScaleError, ScheduleError, SolverError
 from topocoll.solver import baselines
 from topocoll.solver.alpha_beta import alpha_beta_time_s
 from topocoll.solver.bound import Bound, cut_bound
-from topocoll.solver.direct import direct
+from topocoll.solver.direct import direct, two_hop, two_hop_routings
 from topocoll.solver.rail_packing import host_groups
 from topocoll.solver.events import compile_events, simulate_events
 from topocoll.solver.request import check_request
@@ -76,6 +77,12 @@ DIRECT_MAX_RANKS = 16
 #: The collectives the direct schedule has a form for (broadcast and reduce have none).
 DIRECT_COLLECTIVES = frozenset({Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER})
 
+#: Slices per shard tried for the two-hop schedule (:func:`topocoll.solver.direct.two_hop`).
+#: Deeper ones lost on the MI300X preset (64 MiB allgather by the event simulator: 136, 157
+#: and 185 us at 1, 2 and 4 slices): every slice costs a message per connection, and with
+#: no per-message cost at all 4 slices still took 127 us against 119 us for one.
+TWO_HOP_DEPTHS = (1, 2)
+
 #: Pipeline depths tried for the synthesized trees.
 PIPELINE_DEPTHS = (1, 2, 4, 8, 16)
 
@@ -94,7 +101,7 @@ class PlanStatus(str, enum.Enum):
 
     OPTIMAL = "optimal"  # LP trees within the gap of the bound (or proven optimal)
     LIMIT = "limit"  # LP trees, but column generation stopped at its time limit
-    DIRECT = "direct"  # the direct multi-path schedule was predicted fastest at this size
+    DIRECT = "direct"  # the direct multi-path schedule (or two-hop) was predicted fastest at this size
     FALLBACK = "fallback"  # the LP failed; a baseline was chosen instead
     BASELINE = "baseline"  # a baseline was predicted faster at this size
 
@@ -554,6 +561,18 @@ def plan_collective(
             consider("direct", direct(topology, collective, ranks))
         except SolverError as exc:  # the traffic routing LP failed: the other candidates stand
             log.info("direct schedule not built: %s", exc)
+        straight = next((c for c in candidates if c.name == "direct"), None)
+        if straight is None or straight.t_bw_s_per_byte > bound.time_per_byte_s * (1 + NEAR_TIE):
+            # Short of the bound without relays: forwarding once may reach it in two steps.
+            try:
+                routings = two_hop_routings(topology, collective, ranks)
+                first = len(candidates)
+                for depth in TWO_HOP_DEPTHS:
+                    consider("two-hop" if depth == 1 else f"two-hop-pipeline{depth}", two_hop(topology, collective, ranks, pipeline=depth, routings=routings))
+                if straight is not None and len(candidates) > first and candidates[first].t_bw_s_per_byte > straight.t_bw_s_per_byte / (1 + NEAR_TIE):
+                    del candidates[first:]  # forwarding gains too little to be worth its step
+            except SolverError as exc:
+                log.info("two-hop schedule not built: %s", exc)
 
     if collective in native and (native_model is not None or (not large and native_ring_applies(topology, ranks))):
         # It wins ties among equally crowded candidates: on the emulated 4-host `uniform`
@@ -590,7 +609,7 @@ def plan_collective(
         raise SolverError(f"no schedule for {collective.value} over {len(ranks)} ranks verified")
     timed, model = predict_times(candidates, topology, eval_size, per_message_overhead_s, native_model)
     chosen = _choose(timed, size_bytes, topology)
-    if chosen.name == "direct":
+    if chosen.name == "direct" or chosen.name.startswith("two-hop"):
         status = PlanStatus.DIRECT
     elif chosen.name.startswith("lp"):
         status = PlanStatus.OPTIMAL if lp_optimal else PlanStatus.LIMIT

@@ -51,13 +51,16 @@ __all__ = [
     "PathSets",
     "PathSplit",
     "Routing",
+    "ShardRoute",
     "TrafficBound",
+    "TwoHopRouting",
     "candidate_paths",
     "check_matrix",
     "route_direct",
     "route_fast",
     "route_lp",
     "route_single_path",
+    "route_two_hop",
     "routing_schedule",
     "traffic_bound",
     "traffic_matrix",
@@ -236,9 +239,9 @@ def traffic_matrix(pattern: str, n: int, bytes_per_rank: float, *, zipf_s: float
 class _Network:
     """The topology restricted to ranks and forwarding nodes, with path search and link loads."""
 
-    def __init__(self, topology: Topology, ranks: Sequence[str]) -> None:
+    def __init__(self, topology: Topology, ranks: Sequence[str], reverse: bool = False) -> None:
         self.ranks = tuple(ranks)
-        self.arrays: LinkArrays = link_arrays(topology, self.ranks)
+        self.arrays: LinkArrays = link_arrays(topology, self.ranks, reverse)
         self.edge_of = {(int(a), int(b)): e for e, (a, b) in enumerate(zip(self.arrays.src, self.arrays.dst))}
         self._names: dict[tuple[int, ...], tuple[str, ...]] = {}
         a = self.arrays
@@ -459,6 +462,184 @@ def route_lp(
         raise SolverError(f"traffic routing LP failed ({solution.status.value})")
     flows = np.array([w * demand[pairs[c.group]] for w, c in zip(best.weights, best_columns)])
     return _finish("lp", net, [pairs[c.group] for c in best_columns], best_paths, flows, optimal)
+
+
+# ------------------------------------------------------------------------------ shards, forwarded once
+@dataclass(frozen=True, slots=True)
+class ShardRoute:
+    """A part of shard ``owner``'s traffic with rank ``member``, on one path.
+
+    For an allgather, ``fraction`` of the shard goes from the owner to the member, straight
+    (``via`` None: ``path`` runs owner -> member) or forwarded by rank ``via``, which got that
+    part straight from the owner (``path`` runs via -> member). Reversed (reduce-scatter), the
+    member's copy goes to the owner (``path`` member -> owner) or to ``via`` (``path`` member ->
+    via), which adds it into its own copy before sending that to the owner.
+    """
+
+    owner: int
+    member: int
+    via: int | None
+    path: tuple[str, ...]
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class TwoHopRouting:
+    """Every shard to every rank, straight or forwarded once (:func:`route_two_hop`).
+
+    Attributes
+    ----------
+    ranks : tuple of str
+    routes : tuple of ShardRoute
+        Per (owner, member), fractions summing to 1.
+    time_per_shard_byte_s : float
+        Bandwidth time per byte of one shard: the busiest link's load over its bandwidth.
+    reverse : bool
+        Routed for a reduce-scatter (paths towards the owners).
+    optimal : bool
+        Column generation finished, or reached the target.
+    """
+
+    ranks: tuple[str, ...]
+    routes: tuple[ShardRoute, ...]
+    time_per_shard_byte_s: float
+    reverse: bool
+    optimal: bool
+
+
+def route_two_hop(
+    topology: Topology,
+    ranks: Sequence[str],
+    *,
+    reverse: bool = False,
+    target_time_per_shard_byte_s: float = 0.0,
+    solver: str = "highs",
+    time_limit_s: float = 60.0,
+    gap: float = 1e-4,
+) -> TwoHopRouting:
+    """Send every rank's shard to every other rank, each part straight or forwarded once.
+
+    An allgather's height-two trees as a path-flow linear program. Every rank ``m`` gets each
+    shard ``o`` either from ``o`` or, for a part ``P_m`` of it, from ranks ``k`` that got
+    ``P_m`` straight from ``o``; every path passes through no rank but its ends. Made real by
+    placing the parts ``P_m`` of one shard side by side: each rank gets all but its own part
+    straight, so it holds every other rank's part to forward. That needs the parts to fit in
+    the shard, ``sum_m |P_m| <= 1``: one budget row per shard (:mod:`topocoll.solver.lp`).
+    Where each rank's own links bind and ranks are joined unevenly (a full mesh next to a PCIe
+    tree), forwarding lets every link work; relay-free routing alone leaves the slower ones idle.
+
+    Parameters
+    ----------
+    topology : Topology
+    ranks : sequence of str
+        Rank nodes, in rank order.
+    reverse : bool
+        Route the reduce-scatter: the same problem on the reversed links.
+    target_time_per_shard_byte_s : float
+        A known lower bound (the cut bound over N); column generation stops within ``gap`` of it.
+    solver : {"highs", "cbc"}
+    time_limit_s : float
+        Budget of one LP solve.
+    gap : float
+
+    Returns
+    -------
+    TwoHopRouting
+
+    Raises
+    ------
+    SolverError
+        A pair of ranks joined only through other ranks, or the LP failed.
+    """
+    net = _Network(topology, ranks, reverse)
+    n = len(net.ranks)
+    groups = [(o, m) for o in range(n) for m in range(n) if o != m]
+    scale_cap = float(net.arrays.cap.max())
+    capacities = net.arrays.cap / scale_cap
+    columns: list[lp.PackingColumn] = []
+    found: list[tuple[int, int | None, tuple[int, ...]]] = []  # group, via, links
+    present: set[tuple[int, int | None, tuple[int, ...]]] = set()
+
+    def add_columns(weights: np.ndarray, solution: lp.PackingSolution | None, forward_cost: float) -> int:
+        """Each group's cheapest column under the duals (the widest straight path without them)."""
+        dist, pred = net.shortest(weights, range(n), relays=False)
+        at_rank = dist[:, net.arrays.ranks]  # [source rank, destination rank]
+        added = 0
+        for g, (o, m) in enumerate(groups):
+            if not math.isfinite(at_rank[o, m]):
+                raise SolverError(f"rank {o} ({net.ranks[o]}) reaches rank {m} ({net.ranks[m]}) only through other ranks")
+            best, via = at_rank[o, m], None
+            if solution is not None:
+                extra = solution.budget_duals[o] + forward_cost
+                for k in range(n):
+                    if k not in (o, m) and at_rank[k, m] + extra < best:
+                        best, via = at_rank[k, m] + extra, k
+                if best >= solution.group_duals[g] - 1e-9 * max(1.0, abs(solution.group_duals[g])):
+                    continue
+            src = o if via is None else via
+            edges = net.path_edges(pred[src], src, m)
+            if (g, via, edges) in present:
+                continue
+            present.add((g, via, edges))
+            columns.append(lp.PackingColumn(g, tuple((e, 1.0) for e in edges), () if via is None else ((o, 1.0),)))
+            found.append((g, via, edges))
+            added += 1
+        return added
+
+    def solve(tau_limit: float | None) -> lp.PackingSolution:
+        costs = None if tau_limit is None else [len(edges) + (0.0 if via is None else FORWARD_HOPS) for _, via, edges in found]
+        return lp.solve_packing(
+            len(groups), capacities, columns, solver=solver, time_limit_s=time_limit_s, budgets=[1.0] * n, depths=costs, tau_limit=tau_limit
+        )
+
+    add_columns(np.full(len(capacities), HOP_COST) + 1.0 / capacities, None, 0.0)
+    best: tuple[lp.PackingSolution, int] | None = None
+    optimal = False
+    while True:  # first stage: the least bandwidth time
+        solution = solve(None)
+        if solution.status is not lp.LPStatus.OPTIMAL:
+            break
+        best = (solution, len(columns))
+        if target_time_per_shard_byte_s > 0 and solution.tau / scale_cap <= target_time_per_shard_byte_s * (1 + gap):
+            optimal = True
+            break
+        if add_columns(np.asarray(solution.edge_duals) + HOP_COST, solution, 0.0) == 0:
+            optimal = True
+            break
+    if best is None:
+        raise SolverError(f"two-hop routing LP failed ({solution.status.value})")
+    tau_limit = best[0].tau * (1 + FORWARD_LEAST_SLACK)
+    while True:  # second stage: at that time, the fewest link crossings, a forward counting one more
+        solution = solve(tau_limit)
+        if solution.status is not lp.LPStatus.OPTIMAL:
+            break
+        best = (solution, len(columns))
+        if add_columns(np.asarray(solution.edge_duals) + 1.0 + HOP_COST, solution, FORWARD_HOPS) == 0:
+            break
+    solution, used = best
+    routes = []
+    for (g, via, edges), weight in zip(found[:used], solution.weights):
+        if weight > 0:
+            o, m = groups[g]
+            src = o if via is None else via
+            path = net.names(edges, src)
+            routes.append(ShardRoute(o, m, via, path[::-1] if reverse else path, float(weight)))
+    return TwoHopRouting(net.ranks, tuple(routes), solution.tau / scale_cap, reverse, optimal)
+
+
+FORWARD_LEAST_SLACK = 1e-6
+""":func:`route_two_hop`'s second stage keeps the first stage's bandwidth time up to this
+fraction (rounding of the LP solver)."""
+
+FORWARD_HOPS = 1.0
+"""What :func:`route_two_hop`'s second stage charges a forwarded part beyond its links: among
+the routings of least bandwidth time it takes the one of fewest link crossings per unit, a
+forward counting one more (a store and a new message). The LP's first optimum is one of many:
+on the MI300X preset it forwarded over xGMI what the PCIe links could carry straight and sent
+parts over the 16 GB/s link between the CPUs; run by the event simulator (64 MiB allgather, no
+per-message overhead) that took 129 us for 115 us of bandwidth time, the fewest crossings
+119 us, the least forwarded alone 126 us, the fewest crossings without the forward's charge
+149 us."""
 
 
 # ------------------------------------------------------------------------------ the fast path
