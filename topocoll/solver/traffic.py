@@ -20,6 +20,10 @@ Four routings, each a :class:`Routing`:
   (:mod:`topocoll.solver.routing`), relays through other ranks allowed.
 - :func:`route_direct`: every pair on the widest path that relays through no other rank.
 
+:func:`route_two_hop` routes an allgather's (or, reversed, a reduce-scatter's) shards the same
+way, each part straight or forwarded once by a rank that got it straight (the two-hop direct
+schedule, :func:`topocoll.solver.direct.two_hop`).
+
 :func:`routing_schedule` writes a routing as an all-to-all schedule (contract 2), which the
 verifier checks like any other. :func:`traffic_bound` is a lower bound of every routing: over a family of cuts (ranks, hosts,
 the parts a forwarding node separates), the bytes that must cross a cut over the cut's
@@ -527,6 +531,8 @@ def route_two_hop(
     the shard, ``sum_m |P_m| <= 1``: one budget row per shard (:mod:`topocoll.solver.lp`).
     Where each rank's own links bind and ranks are joined unevenly (a full mesh next to a PCIe
     tree), forwarding lets every link work; relay-free routing alone leaves the slower ones idle.
+    Of the routings of least bandwidth time it returns one of fewest link crossings, a forward
+    counting :data:`FORWARD_HOPS` more (a second stage of column generation).
 
     Parameters
     ----------
@@ -635,11 +641,11 @@ FORWARD_HOPS = 1.0
 """What :func:`route_two_hop`'s second stage charges a forwarded part beyond its links: among
 the routings of least bandwidth time it takes the one of fewest link crossings per unit, a
 forward counting one more (a store and a new message). The LP's first optimum is one of many:
-on the MI300X preset it forwarded over xGMI what the PCIe links could carry straight and sent
-parts over the 16 GB/s link between the CPUs; run by the event simulator (64 MiB allgather, no
-per-message overhead) that took 129 us for 115 us of bandwidth time, the fewest crossings
-119 us, the least forwarded alone 126 us, the fewest crossings without the forward's charge
-149 us."""
+on the MI300X preset it forwarded over xGMI what the PCIe links could carry straight. Run by the
+event simulator without per-message cost (64 MiB; allgather, reduce-scatter, allreduce against
+115, 115 and 230 us of bandwidth time): the first optimum 217, 173 and 358 us; the fewest
+crossings 149, 186 and 327 us; the least forwarded 129, 129 and 259 us; the fewest crossings
+with a forward charged one more 119, 125 and 246 us."""
 
 
 # ------------------------------------------------------------------------------ the fast path
