@@ -563,7 +563,8 @@ def plan_collective(
             log.info("direct schedule not built: %s", exc)
         straight = next((c for c in candidates if c.name == "direct"), None)
         if straight is None or straight.t_bw_s_per_byte > bound.time_per_byte_s * (1 + NEAR_TIE):
-            # Short of the bound without relays: forwarding once may reach it in two steps.
+            # Short of the bound without relays: forwarding parts once may reach it, in up to
+            # three steps per phase.
             try:
                 routings = two_hop_routings(topology, collective, ranks)
                 first = len(candidates)
