@@ -99,8 +99,7 @@ def direct(
     matrix = np.ones((n, n))
     np.fill_diagonal(matrix, 0.0)
     shares = _path_shares(topology, nodes, matrix)
-    reduces = collective in (Collective.REDUCE_SCATTER, Collective.ALLREDUCE)
-    gathers = collective in (Collective.ALLGATHER, Collective.ALLREDUCE)
+    reduces, gathers = _phases(collective)
     return _layout(
         topology, collective, nodes,
         _straight(shares, reverse=True) if reduces else None,
@@ -164,15 +163,22 @@ def two_hop(
 
 
 def two_hop_routings(
-    topology: Topology, collective: Collective, ranks: Sequence[str], target_time_per_shard_byte_s: float = 0.0
+    topology: Topology, collective: Collective, ranks: Sequence[str]
 ) -> tuple[TwoHopRouting | None, TwoHopRouting | None]:
     """The reduce-scatter's and the allgather's two-hop routings ``collective`` needs (None for
     the phase it has not)."""
-    reduces = collective in (Collective.REDUCE_SCATTER, Collective.ALLREDUCE)
-    gathers = collective in (Collective.ALLGATHER, Collective.ALLREDUCE)
+    reduces, gathers = _phases(collective)
     return (
-        route_two_hop(topology, ranks, reverse=True, target_time_per_shard_byte_s=target_time_per_shard_byte_s) if reduces else None,
-        route_two_hop(topology, ranks, target_time_per_shard_byte_s=target_time_per_shard_byte_s) if gathers else None,
+        route_two_hop(topology, ranks, reverse=True) if reduces else None,
+        route_two_hop(topology, ranks) if gathers else None,
+    )
+
+
+def _phases(collective: Collective) -> tuple[bool, bool]:
+    """Whether ``collective`` has a reduce-scatter phase and an allgather phase."""
+    return (
+        collective in (Collective.REDUCE_SCATTER, Collective.ALLREDUCE),
+        collective in (Collective.ALLGATHER, Collective.ALLREDUCE),
     )
 
 

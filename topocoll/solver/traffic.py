@@ -119,6 +119,21 @@ NEWTON_STEPS = 2
 it lowers the smoothed maximum)."""
 
 
+FORWARD_LEAST_SLACK = 1e-6
+""":func:`route_two_hop`'s second stage keeps the first stage's bandwidth time up to this
+fraction (rounding of the LP solver)."""
+
+FORWARD_HOPS = 1.0
+"""What :func:`route_two_hop`'s second stage charges a forwarded part beyond its links: among
+the routings of least bandwidth time it takes the one of fewest link crossings per unit, a
+forward counting one more (a store and a new message). The LP's first optimum is one of many:
+on the MI300X preset it forwarded over xGMI what the PCIe links could carry straight. Run by the
+event simulator without per-message cost (64 MiB; allgather, reduce-scatter, allreduce against
+115, 115 and 230 us of bandwidth time): the first optimum 217, 173 and 358 us; the fewest
+crossings 149, 186 and 327 us; the least forwarded 129, 129 and 259 us; the fewest crossings
+with a forward charged one more 119, 125 and 246 us."""
+
+
 @dataclass(frozen=True, slots=True)
 class PathSplit:
     """``bytes`` of pair ``src -> dst`` (rank indices) sent along ``path`` (topology node ids)."""
@@ -501,7 +516,7 @@ class TwoHopRouting:
     reverse : bool
         Routed for a reduce-scatter (paths towards the owners).
     optimal : bool
-        Column generation finished, or reached the target.
+        Column generation finished: no column prices below its group's dual.
     """
 
     ranks: tuple[str, ...]
@@ -516,10 +531,8 @@ def route_two_hop(
     ranks: Sequence[str],
     *,
     reverse: bool = False,
-    target_time_per_shard_byte_s: float = 0.0,
     solver: str = "highs",
     time_limit_s: float = 60.0,
-    gap: float = 1e-4,
 ) -> TwoHopRouting:
     """Send every rank's shard to every other rank, each part straight or forwarded once.
 
@@ -541,12 +554,9 @@ def route_two_hop(
         Rank nodes, in rank order.
     reverse : bool
         Route the reduce-scatter: the same problem on the reversed links.
-    target_time_per_shard_byte_s : float
-        A known lower bound (the cut bound over N); column generation stops within ``gap`` of it.
     solver : {"highs", "cbc"}
     time_limit_s : float
         Budget of one LP solve.
-    gap : float
 
     Returns
     -------
@@ -606,9 +616,6 @@ def route_two_hop(
         if solution.status is not lp.LPStatus.OPTIMAL:
             break
         best = (solution, len(columns))
-        if target_time_per_shard_byte_s > 0 and solution.tau / scale_cap <= target_time_per_shard_byte_s * (1 + gap):
-            optimal = True
-            break
         if add_columns(np.asarray(solution.edge_duals) + HOP_COST, solution, 0.0) == 0:
             optimal = True
             break
@@ -631,21 +638,6 @@ def route_two_hop(
             path = net.names(edges, src)
             routes.append(ShardRoute(o, m, via, path[::-1] if reverse else path, float(weight)))
     return TwoHopRouting(net.ranks, tuple(routes), solution.tau / scale_cap, reverse, optimal)
-
-
-FORWARD_LEAST_SLACK = 1e-6
-""":func:`route_two_hop`'s second stage keeps the first stage's bandwidth time up to this
-fraction (rounding of the LP solver)."""
-
-FORWARD_HOPS = 1.0
-"""What :func:`route_two_hop`'s second stage charges a forwarded part beyond its links: among
-the routings of least bandwidth time it takes the one of fewest link crossings per unit, a
-forward counting one more (a store and a new message). The LP's first optimum is one of many:
-on the MI300X preset it forwarded over xGMI what the PCIe links could carry straight. Run by the
-event simulator without per-message cost (64 MiB; allgather, reduce-scatter, allreduce against
-115, 115 and 230 us of bandwidth time): the first optimum 217, 173 and 358 us; the fewest
-crossings 149, 186 and 327 us; the least forwarded 129, 129 and 259 us; the fewest crossings
-with a forward charged one more 119, 125 and 246 us."""
 
 
 # ------------------------------------------------------------------------------ the fast path
