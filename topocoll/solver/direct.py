@@ -213,7 +213,7 @@ def _path_shares(topology: Topology, nodes: tuple[str, ...], matrix: np.ndarray)
     return shares
 
 
-def _straight(shares, reverse: bool) -> dict[tuple[int, int], list[ShardRoute]]:
+def _straight(shares: dict[tuple[int, int], list[tuple[tuple[str, ...], float]]], reverse: bool) -> dict[tuple[int, int], list[ShardRoute]]:
     """The relay-free routing's path shares as every (owner, member)'s straight routes."""
     routes: dict[tuple[int, int], list[ShardRoute]] = {}
     for (i, j), split in shares.items():
@@ -223,6 +223,7 @@ def _straight(shares, reverse: bool) -> dict[tuple[int, int], list[ShardRoute]]:
 
 
 def _by_group(routing: TwoHopRouting) -> dict[tuple[int, int], list[ShardRoute]]:
+    """A two-hop routing's routes by (owner, member)."""
     routes: dict[tuple[int, int], list[ShardRoute]] = {}
     for route in routing.routes:
         routes.setdefault((route.owner, route.member), []).append(route)
@@ -289,12 +290,18 @@ def _layout(
     """The schedule of the routes: each shard cut into ``pipeline`` slices, every slice cut
     wherever a route of one of its (owner, member)s changes, so that each piece travels whole.
 
-    Per slice the reduce-scatter's forwarded parts go first (member -> forwarder, which adds
-    them in), then the straight ones (to the owner); the allgather's straight parts first, then
-    the forwarded ones. All reduce-scatter slices come before the allgather's.
+    Each phase takes three steps per slice (empty ones vanish). Reduce-scatter: the members'
+    copies to their forwarders, which add them in; the straight copies into which nothing was
+    forwarded, to the owner; then those into which something was. Allgather: the owner's pieces
+    to the ranks that forward them; its other pieces; the forwarded copies. All reduce-scatter
+    slices come before the allgather's.
     """
     n = len(nodes)
-    phases = [(p, segs) for p, segs in (("scatter", scatter and _segments(scatter, n)), ("gather", gather and _segments(gather, n))) if segs]
+    phases = []
+    if scatter is not None:
+        phases.append(("scatter", _segments(scatter, n)))
+    if gather is not None:
+        phases.append(("gather", _segments(gather, n)))
     chunks: list[Chunk] = []
     steps: dict[int, list[Transfer]] = {}
     for owner in range(n):
