@@ -18,7 +18,7 @@ collective three ways on the same hosts:
 simulator on the schedule the backend ran (planned as the backend plans, with its step cost). Results go
 to ``OUT/<scenario>.json`` and ``.png`` (busbw against size) and one table, ``OUT/README.md``.
 
-usage: sudo .venv/bin/python benchmarks/emulated.py [--scenarios a,b] [--sizes 16M,64M] [-o DIR]
+usage: sudo .venv/bin/python benchmarks/emulated.py [--scenarios a,b] [--sizes 16M,64M] [--port-queue fair] [-o DIR]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from topocoll.bench import scenario as sc  # noqa: E402
 from topocoll.bench.emulate import EmulatedCluster  # noqa: E402
+from topocoll.bench.network_plan import PORT_QUEUES  # noqa: E402
 from topocoll.topo.io import load_topology, save_topology  # noqa: E402
 from topocoll.topo.model import LinkKind, Topology  # noqa: E402
 
@@ -135,12 +136,12 @@ def resimulate(out: Path, names: list[str]) -> None:
         say(f"{name}: predicted again")
 
 
-def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: bool = False) -> dict:
+def measure(name: str, sizes: list[str], iters: int, delays: bool, port_queue: str, probe_only: bool = False) -> dict:
     scenario = sc.load_scenario(name)
     with tempfile.TemporaryDirectory(prefix="topocoll-emulated-") as tmp:
         work = Path(tmp)
         os.chmod(work, 0o755)
-        with EmulatedCluster(scenario, state_dir=work / "state", apply_delays=delays) as cluster:
+        with EmulatedCluster(scenario, state_dir=work / "state", apply_delays=delays, port_queue=port_queue) as cluster:
             truth = load_topology(cluster.truth_path)
             nominal = sc.assumed_rates(truth)
             save_topology(nominal, work / "nominal.json")
@@ -152,7 +153,7 @@ def measure(name: str, sizes: list[str], iters: int, delays: bool, probe_only: b
             probed = load_topology(work / "probed.json")
             save_topology(probed, work / "probed.json")
             result = {"scenario": name, "description": scenario.description, "hosts": len(scenario.hosts),
-                      "delays_applied": delays, "probe_s": probe_s, "probe_log": [l for l in log.splitlines() if "probe" in l][-40:],
+                      "delays_applied": delays, "port_queue": port_queue, "probe_s": probe_s, "probe_log": [l for l in log.splitlines() if "probe" in l][-40:],
                       "probe_accuracy": probe_accuracy(truth, nominal, probed), "probed_topology": json.loads((work / "probed.json").read_text()),
                       "collectives": {}}
             for collective in () if probe_only else COLLECTIVES:
@@ -270,6 +271,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="16M,32M,64M", help="sizes, smallest to largest, doubling (default 16M,32M,64M)")
     parser.add_argument("-n", "--iters", type=int, default=3, help="timed operations per size (default 3)")
     parser.add_argument("--delays", action="store_true", help="emulate the scenarios' delays too (needs the netem qdisc)")
+    parser.add_argument("--port-queue", choices=PORT_QUEUES, default="fifo",
+                        help="how the emulated switch ports queue (topocoll emulate up --port-queue; default fifo)")
     parser.add_argument("--probe-only", action="store_true", help="only probe; write OUT/<scenario>.probe.json")
     parser.add_argument("--resimulate", action="store_true",
                         help="measure nothing: predict every row of OUT/<scenario>.json again from the probed topology it keeps")
@@ -282,7 +285,7 @@ def main() -> int:
         print(write_summary(out))
         return 0
     for name in args.scenarios.split(","):
-        result = measure(name, args.sizes.split(","), args.iters, args.delays, args.probe_only)
+        result = measure(name, args.sizes.split(","), args.iters, args.delays, args.port_queue, args.probe_only)
         result["command"] = "sudo .venv/bin/python benchmarks/emulated.py " + " ".join(sys.argv[1:])
         if args.probe_only:
             (out / f"{name}.probe.json").write_text(_without_run_dir(json.dumps(result, indent=1, sort_keys=True)) + "\n")

@@ -304,6 +304,9 @@ class EmulatedCluster:
         The /16 the hosts' addresses come from; refused when the machine routes it.
     apply_delays : bool
         Emulate the links' delays with netem (False: rates only).
+    port_queue : str
+        How shaped ports queue: ``fifo`` (drop-tail, an Ethernet switch) or ``fair`` (a queue
+        per sending host, served in turn); see :data:`topocoll.bench.network_plan.PORT_QUEUES`.
     run_id : str, optional
         4-6 hex digits; drawn at random by default.
 
@@ -322,11 +325,14 @@ class EmulatedCluster:
         state_dir: str | os.PathLike = DEFAULT_STATE_DIR,
         subnet_base: str = DEFAULT_SUBNET_BASE,
         apply_delays: bool = True,
+        port_queue: str = "fifo",
         run_id: str | None = None,
     ) -> None:
         self.scenario = scenario
         self.run_id = run_id or secrets.token_hex(3)
-        self.plan: NetworkPlan = network_plan(scenario, self.run_id, subnet_base=subnet_base, apply_delays=apply_delays)
+        self.plan: NetworkPlan = network_plan(
+            scenario, self.run_id, subnet_base=subnet_base, apply_delays=apply_delays, port_queue=port_queue
+        )
         self.name = name or f"{scenario.name}-{self.run_id}"
         self.state_dir = Path(state_dir)
         self.subnet_base = subnet_base

@@ -26,7 +26,7 @@ from topocoll.bench.emulate import (
     preflight,
     teardown_state,
 )
-from topocoll.bench.network_plan import DEFAULT_SUBNET_BASE
+from topocoll.bench.network_plan import DEFAULT_SUBNET_BASE, PORT_QUEUES
 from topocoll.bench.scenario import check_ranks, describe, load_scenario, scenario_topology, shipped_scenarios
 from topocoll.errors import EmulateError, UsageError
 from topocoll.topo.io import save_topology
@@ -151,6 +151,10 @@ def _bring_up_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subnet", default=DEFAULT_SUBNET_BASE, metavar="CIDR",
                         help=f"the /16 the hosts' addresses come from, one /24 per L2 domain (default {DEFAULT_SUBNET_BASE})")
     parser.add_argument("--no-delay", action="store_true", help="shape rates only, without netem delays")
+    parser.add_argument("--port-queue", choices=PORT_QUEUES, default="fifo",
+                        help="how a shaped port queues: fifo, one drop-tail queue as an Ethernet switch port "
+                             "(default); fair, a queue per sending host served in turn, as an InfiniBand switch "
+                             "arbitrates its inputs (max-min sharing, what 'topocoll simulate' assumes)")
     _state_dir_option(parser)
 
 
@@ -225,7 +229,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _cluster(args: argparse.Namespace, name: str | None = None) -> EmulatedCluster:
     return EmulatedCluster(load_scenario(args.scenario), name=name, state_dir=args.state_dir,
-                           subnet_base=args.subnet, apply_delays=not args.no_delay)
+                           subnet_base=args.subnet, apply_delays=not args.no_delay, port_queue=args.port_queue)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

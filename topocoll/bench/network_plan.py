@@ -18,7 +18,7 @@ from topocoll.bench.scenario import Domains, Scenario, ScenarioLink, domains_of,
 from topocoll.errors import ScenarioError
 from topocoll.topo.model import natural_key
 
-__all__ = ["DEFAULT_SUBNET_BASE", "Nic", "Route", "NetworkPlan", "network_plan", "next_hop", "qdisc_commands"]
+__all__ = ["DEFAULT_SUBNET_BASE", "PORT_QUEUES", "Nic", "Route", "NetworkPlan", "network_plan", "next_hop", "qdisc_commands"]
 
 #: The /16 the domains' /24s are cut from. 10.77/16 is private (RFC 1918) and, unlike
 #: 10.0/16, 10.1/16 or 10.10/16, not a common default of cloud VPCs, Docker or home routers.
@@ -41,6 +41,10 @@ TBF_BURST_S = 2e-3
 TBF_MIN_BURST_BYTES = 16 * 1024
 TBF_QUEUE_S = 5e-3
 
+#: Bytes a ``fair`` port's class may send per turn: one full frame (1500-byte MTU plus the
+#: 14-byte Ethernet header), so that turns interleave frame by frame, as ports arbitrate packets.
+FAIR_QUANTUM_BYTES = 1514
+
 #: The TCP congestion control of every emulated host. Network namespaces inherit the machine's
 #: default, which may be BBR; measured on the same uplink, two BBR flows each way shared it
 #: unevenly (2.2-4.1 MB/s each, 79 % of the link per direction) where Reno's four flows got
@@ -48,6 +52,16 @@ TBF_QUEUE_S = 5e-3
 #: (CUBIC, the usual default, need not be: only what the machine's
 #: ``net.ipv4.tcp_allowed_congestion_control`` lists is).
 HOST_TCP_CONGESTION_CONTROL = "reno"
+
+#: How a shaped port queues what waits for it:
+#:
+#: - ``fifo``: one drop-tail queue (tbf), an Ethernet switch port. TCP flows that meet there
+#:   share it unevenly: a flow held back elsewhere loses packets to one that is not.
+#: - ``fair``: one queue per sending host, served in turn (htb classes, each assured an equal
+#:   share and lent what the others leave), as an InfiniBand switch arbitrates an output port
+#:   among its inputs without dropping. A flow below its share never queues behind another:
+#:   max-min fair sharing, the model of :mod:`topocoll.solver.events`.
+PORT_QUEUES = ("fifo", "fair")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +114,8 @@ class NetworkPlan:
     scenario : Scenario
     apply_delays : bool
         Whether netem delays are part of the qdisc commands.
+    port_queue : str
+        One of :data:`PORT_QUEUES`: how every shaped port queues.
     fabric_namespace : str
         The namespace holding the bridges.
     host_namespaces : tuple of (host, namespace)
@@ -113,6 +129,7 @@ class NetworkPlan:
     run_id: str
     scenario: Scenario
     apply_delays: bool
+    port_queue: str
     fabric_namespace: str
     host_namespaces: tuple[tuple[str, str], ...]
     bridges: tuple[tuple[str, str], ...]
@@ -209,11 +226,16 @@ class NetworkPlan:
             for end, switch in ((end_a, link.a), (end_b, link.b)):
                 cmds.append(("ip", "-n", fab, "link", "set", end, "master", bridge_of[switch]))
                 cmds.append(("ip", "-n", fab, "link", "set", end, "up"))
+        senders = self.senders() if self.port_queue == "fair" else None
         for ns, dev, link in self.shaped_ends():
-            cmds.extend(qdisc_commands(ns, dev, link.rate_bits_per_s, link.delay_s if self.apply_delays else 0.0))
+            cmds.extend(qdisc_commands(ns, dev, link.rate_bits_per_s, link.delay_s if self.apply_delays else 0.0, senders))
         for route in self.routes:
             cmds.append(("ip", "-n", self.namespace(route.host), "route", "add", route.destination, "via", route.via, "dev", route.dev))
         return tuple(cmds)
+
+    def senders(self) -> tuple[tuple[str, ...], ...]:
+        """The addresses of each host, hosts in scenario order: a fair port's queues."""
+        return tuple(tuple(n.address for n in self.nics_of(host)) for host in self.scenario.hosts)
 
     def shaped_ends(self) -> tuple[tuple[str, str, ScenarioLink], ...]:
         """(namespace, interface, link) for both veth ends of every link: each shapes its egress."""
@@ -238,7 +260,9 @@ def _trunk_names(run_id: str, link_index: int) -> tuple[str, str]:
     return f"{run_id}x{link_index}a", f"{run_id}x{link_index}b"
 
 
-def qdisc_commands(namespace: str, dev: str, rate_bits_per_s: float, delay_s: float) -> tuple[tuple[str, ...], ...]:
+def qdisc_commands(
+    namespace: str, dev: str, rate_bits_per_s: float, delay_s: float, senders: Sequence[Sequence[str]] | None = None
+) -> tuple[tuple[str, ...], ...]:
     """The ``tc`` commands that shape the egress of ``dev`` to a rate and a delay.
 
     Parameters
@@ -246,10 +270,15 @@ def qdisc_commands(namespace: str, dev: str, rate_bits_per_s: float, delay_s: fl
     namespace, dev : str
         Where the interface is.
     rate_bits_per_s : float
-        Token-bucket rate (tbf counts whole frames, Ethernet header included).
+        Token-bucket rate (tbf and htb count whole frames, Ethernet header included).
     delay_s : float
-        One-way delay; when > 0 a netem qdisc at the root delays packets and the tbf is its
+        One-way delay; when > 0 a netem qdisc at the root delays packets and the shaper is its
         child (the layout of the netem manual's rate-and-delay example).
+    senders : sequence of sequences of str, optional
+        For a ``fair`` port (see :data:`PORT_QUEUES`): the addresses of each sending host. Each
+        host gets an htb class assured ``rate / (len(senders) + 1)`` and lent up to the whole
+        rate, with its own drop-tail queue; a last class takes what no address matches. None:
+        one tbf, a ``fifo`` port.
 
     Returns
     -------
@@ -258,18 +287,43 @@ def qdisc_commands(namespace: str, dev: str, rate_bits_per_s: float, delay_s: fl
     rate_bytes_per_s = rate_bits_per_s / 8
     burst_bytes = max(int(rate_bytes_per_s * TBF_BURST_S), TBF_MIN_BURST_BYTES)
     limit_bytes = max(int(rate_bytes_per_s * TBF_QUEUE_S), 2 * burst_bytes)
-    tbf = ("tbf", "rate", f"{int(round(rate_bits_per_s))}bit", "burst", str(burst_bytes), "limit", str(limit_bytes))
+    tc = ("tc", "-n", namespace)
+    cmds: list[tuple[str, ...]] = []
     if delay_s > 0:
         delay_us = max(1, int(round(delay_s * 1e6)))
-        return (
-            ("tc", "-n", namespace, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{delay_us}us"),
-            ("tc", "-n", namespace, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", *tbf),
-        )
-    return (("tc", "-n", namespace, "qdisc", "replace", "dev", dev, "root", "handle", "1:", *tbf),)
+        cmds.append((*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{delay_us}us"))
+        at, handle = ("parent", "1:1"), "10"
+    else:
+        at, handle = ("root",), "1"
+    if senders is None:
+        tbf = ("tbf", "rate", f"{int(round(rate_bits_per_s))}bit", "burst", str(burst_bytes), "limit", str(limit_bytes))
+        cmds.append((*tc, "qdisc", "replace", "dev", dev, *at, "handle", f"{handle}:", *tbf))
+        return tuple(cmds)
+    # class minors are hex: 1 the port, 2.. one per sender, the last one the default
+    n_classes = len(senders) + 1
+    shaping = ("burst", str(burst_bytes), "cburst", str(burst_bytes), "quantum", str(FAIR_QUANTUM_BYTES))
+    cmds.append((*tc, "qdisc", "replace", "dev", dev, *at, "handle", f"{handle}:", "htb", "default", f"{n_classes + 1:x}"))
+    cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:", "classid", f"{handle}:1", "htb",
+                 "rate", f"{int(round(rate_bits_per_s))}bit", "ceil", f"{int(round(rate_bits_per_s))}bit", *shaping))
+    share = f"{max(1, int(rate_bits_per_s / n_classes))}bit"
+    for j in range(n_classes):
+        classid = f"{handle}:{j + 2:x}"
+        cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:1", "classid", classid, "htb",
+                     "rate", share, "ceil", f"{int(round(rate_bits_per_s))}bit", *shaping))
+        cmds.append((*tc, "qdisc", "add", "dev", dev, "parent", classid, "handle", f"{0x100 + j:x}:", "bfifo", "limit", str(limit_bytes)))
+        for address in senders[j] if j < len(senders) else ():
+            cmds.append((*tc, "filter", "add", "dev", dev, "parent", f"{handle}:", "protocol", "ip", "prio", "1",
+                         "u32", "match", "ip", "src", f"{address}/32", "flowid", classid))
+    return tuple(cmds)
 
 
 def network_plan(
-    scenario: Scenario, run_id: str, *, subnet_base: str = DEFAULT_SUBNET_BASE, apply_delays: bool = True
+    scenario: Scenario,
+    run_id: str,
+    *,
+    subnet_base: str = DEFAULT_SUBNET_BASE,
+    apply_delays: bool = True,
+    port_queue: str = "fifo",
 ) -> NetworkPlan:
     """Plan the network of one run of ``scenario``: names, addresses, routes, commands.
 
@@ -282,6 +336,8 @@ def network_plan(
         An IPv4 network of prefix /16 or shorter; domain D gets its D-th /24.
     apply_delays : bool
         Put netem delays in the qdisc commands (False: rates only).
+    port_queue : str
+        How shaped ports queue, one of :data:`PORT_QUEUES`.
 
     Returns
     -------
@@ -290,10 +346,13 @@ def network_plan(
     Raises
     ------
     ScenarioError
-        A bad run id or base, more domains than the base has /24s, or more than 253 hosts.
+        A bad run id, base or port queue, more domains than the base has /24s, or more than
+        253 hosts.
     """
     if not RUN_ID_PATTERN.match(run_id):
         raise ScenarioError(f"run id {run_id!r} must be 4-6 lower-case hex digits")
+    if port_queue not in PORT_QUEUES:
+        raise ScenarioError(f"port queue {port_queue!r}: expected one of {', '.join(PORT_QUEUES)}")
     try:
         base = ipaddress.IPv4Network(subnet_base, strict=True)
     except ValueError as exc:
@@ -332,6 +391,7 @@ def network_plan(
         run_id=run_id,
         scenario=scenario,
         apply_delays=apply_delays,
+        port_queue=port_queue,
         fabric_namespace=fab,
         host_namespaces=host_ns,
         bridges=bridges,
