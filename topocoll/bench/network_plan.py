@@ -57,10 +57,10 @@ HOST_TCP_CONGESTION_CONTROL = "reno"
 #:
 #: - ``fifo``: one drop-tail queue (tbf), an Ethernet switch port. TCP flows that meet there
 #:   share it unevenly: a flow held back elsewhere loses packets to one that is not.
-#: - ``fair``: one queue per sending host, served in turn (htb classes, each assured an equal
-#:   share and lent what the others leave), as an InfiniBand switch arbitrates an output port
-#:   among its inputs without dropping. A flow below its share never queues behind another:
-#:   max-min fair sharing, the model of :mod:`topocoll.solver.events`.
+#: - ``fair``: one queue per flow (pair of hosts), served in turn (htb classes, each assured an
+#:   equal share and lent what the others leave), as fair queueing does. A flow below its
+#:   share never queues behind another: max-min fair sharing, the model of
+#:   :mod:`topocoll.solver.events`.
 PORT_QUEUES = ("fifo", "fair")
 
 
@@ -226,16 +226,22 @@ class NetworkPlan:
             for end, switch in ((end_a, link.a), (end_b, link.b)):
                 cmds.append(("ip", "-n", fab, "link", "set", end, "master", bridge_of[switch]))
                 cmds.append(("ip", "-n", fab, "link", "set", end, "up"))
-        senders = self.senders() if self.port_queue == "fair" else None
+        flows = self.flows() if self.port_queue == "fair" else None
         for ns, dev, link in self.shaped_ends():
-            cmds.extend(qdisc_commands(ns, dev, link.rate_bits_per_s, link.delay_s if self.apply_delays else 0.0, senders))
+            cmds.extend(qdisc_commands(ns, dev, link.rate_bits_per_s, link.delay_s if self.apply_delays else 0.0, flows))
         for route in self.routes:
             cmds.append(("ip", "-n", self.namespace(route.host), "route", "add", route.destination, "via", route.via, "dev", route.dev))
         return tuple(cmds)
 
-    def senders(self) -> tuple[tuple[str, ...], ...]:
-        """The addresses of each host, hosts in scenario order: a fair port's queues."""
-        return tuple(tuple(n.address for n in self.nics_of(host)) for host in self.scenario.hosts)
+    def flows(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """A fair port's queues: one per ordered pair of hosts, each the (source, destination)
+        address pairs of all the NICs of the two hosts; pairs in scenario order."""
+        flows = []
+        for src in self.scenario.hosts:
+            for dst in self.scenario.hosts:
+                if src != dst:
+                    flows.append(tuple((a.address, b.address) for a in self.nics_of(src) for b in self.nics_of(dst)))
+        return tuple(flows)
 
     def shaped_ends(self) -> tuple[tuple[str, str, ScenarioLink], ...]:
         """(namespace, interface, link) for both veth ends of every link: each shapes its egress."""
@@ -261,7 +267,11 @@ def _trunk_names(run_id: str, link_index: int) -> tuple[str, str]:
 
 
 def qdisc_commands(
-    namespace: str, dev: str, rate_bits_per_s: float, delay_s: float, senders: Sequence[Sequence[str]] | None = None
+    namespace: str,
+    dev: str,
+    rate_bits_per_s: float,
+    delay_s: float,
+    flows: Sequence[Sequence[tuple[str, str]]] | None = None,
 ) -> tuple[tuple[str, ...], ...]:
     """The ``tc`` commands that shape the egress of ``dev`` to a rate and a delay.
 
@@ -274,11 +284,11 @@ def qdisc_commands(
     delay_s : float
         One-way delay; when > 0 a netem qdisc at the root delays packets and the shaper is its
         child (the layout of the netem manual's rate-and-delay example).
-    senders : sequence of sequences of str, optional
-        For a ``fair`` port (see :data:`PORT_QUEUES`): the addresses of each sending host. Each
-        host gets an htb class assured ``rate / (len(senders) + 1)`` and lent up to the whole
-        rate, with its own drop-tail queue; a last class takes what no address matches. None:
-        one tbf, a ``fifo`` port.
+    flows : sequence of sequences of (str, str), optional
+        For a ``fair`` port (see :data:`PORT_QUEUES`): the (source, destination) addresses of
+        each flow. Each flow gets an htb class assured ``rate / (len(flows) + 1)`` and lent up
+        to the whole rate, with its own drop-tail queue; a last class takes what no pair
+        matches. None: one tbf, a ``fifo`` port.
 
     Returns
     -------
@@ -295,12 +305,12 @@ def qdisc_commands(
         at, handle = ("parent", "1:1"), "10"
     else:
         at, handle = ("root",), "1"
-    if senders is None:
+    if flows is None:
         tbf = ("tbf", "rate", f"{int(round(rate_bits_per_s))}bit", "burst", str(burst_bytes), "limit", str(limit_bytes))
         cmds.append((*tc, "qdisc", "replace", "dev", dev, *at, "handle", f"{handle}:", *tbf))
         return tuple(cmds)
-    # class minors are hex: 1 the port, 2.. one per sender, the last one the default
-    n_classes = len(senders) + 1
+    # class minors are hex: 1 the port, 2.. one per flow, the last one the default
+    n_classes = len(flows) + 1
     shaping = ("burst", str(burst_bytes), "cburst", str(burst_bytes), "quantum", str(FAIR_QUANTUM_BYTES))
     cmds.append((*tc, "qdisc", "replace", "dev", dev, *at, "handle", f"{handle}:", "htb", "default", f"{n_classes + 1:x}"))
     cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:", "classid", f"{handle}:1", "htb",
@@ -311,9 +321,9 @@ def qdisc_commands(
         cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:1", "classid", classid, "htb",
                      "rate", share, "ceil", f"{int(round(rate_bits_per_s))}bit", *shaping))
         cmds.append((*tc, "qdisc", "add", "dev", dev, "parent", classid, "handle", f"{0x100 + j:x}:", "bfifo", "limit", str(limit_bytes)))
-        for address in senders[j] if j < len(senders) else ():
-            cmds.append((*tc, "filter", "add", "dev", dev, "parent", f"{handle}:", "protocol", "ip", "prio", "1",
-                         "u32", "match", "ip", "src", f"{address}/32", "flowid", classid))
+        for src, dst in flows[j] if j < len(flows) else ():
+            cmds.append((*tc, "filter", "add", "dev", dev, "parent", f"{handle}:", "protocol", "ip", "prio", "1", "u32",
+                         "match", "ip", "src", f"{src}/32", "match", "ip", "dst", f"{dst}/32", "flowid", classid))
     return tuple(cmds)
 
 
