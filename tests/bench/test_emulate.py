@@ -8,8 +8,10 @@ themselves. The root tests bring up real namespaces; they skip (saying why) with
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -244,6 +246,36 @@ def test_every_link_is_shaped_at_both_ends():
     assert not [c for c in rates_only.setup_commands() if "netem" in c]
 
 
+def test_fair_ports_queue_each_flow_apart():
+    data = raw("two-racks")
+    plan = npl.network_plan(sc.load_scenario("two-racks"), "beef", apply_delays=False, port_queue="fair")
+    commands = plan.setup_commands()
+    assert not [c for c in commands if "tbf" in c]
+    rate_of_end = {(ns, dev): f"{int(link.rate_bits_per_s)}bit" for ns, dev, link in plan.shaped_ends()}
+    assert sorted(rate_of_end.values()) == sorted(f"{int(l['rate_mbit'] * 1e6)}bit" for l in data["links"] for _ in (0, 1))
+    host_of = {n.address: n.host for n in plan.nics}
+    pairs = {(a, b) for a in data["hosts"] for b in data["hosts"] if a != b}
+    for (ns, dev), rate in rate_of_end.items():
+        mine = [c for c in commands if c[:3] == ("tc", "-n", ns) and c[c.index("dev") + 1] == dev]
+        classes = {c[c.index("classid") + 1]: c for c in mine if c[3:5] == ("class", "add")}
+        root_class = [c for c in classes.values() if c[c.index("parent") + 1] == "1:"]
+        assert len(root_class) == 1 and root_class[0][root_class[0].index("rate") + 1] == rate
+        leaves = {k: c for k, c in classes.items() if c[c.index("parent") + 1] == "1:1"}
+        assert len(leaves) == len(pairs) + 1  # one per flow, one for what matches no pair
+        assert all(c[c.index("ceil") + 1] == rate for c in leaves.values())
+        assert sum(int(c[c.index("rate") + 1].removesuffix("bit")) for c in leaves.values()) <= int(rate.removesuffix("bit"))
+        flows = {(host_of[c[c.index("src") + 1].removesuffix("/32")], host_of[c[c.index("dst") + 1].removesuffix("/32")]):
+                 c[c.index("flowid") + 1] for c in mine if "u32" in c}
+        assert set(flows) == pairs
+        assert len(set(flows.values())) == len(pairs) and set(flows.values()) < set(leaves)
+        (default,) = set(leaves) - set(flows.values())
+        (root_qdisc,) = [c for c in mine if c[3] == "qdisc" and "root" in c]
+        assert root_qdisc[root_qdisc.index("htb") + 2] == default.split(":")[1]
+        assert len([c for c in mine if "bfifo" in c]) == len(leaves)
+    with pytest.raises(ScenarioError, match="port queue 'red'"):
+        npl.network_plan(sc.load_scenario("two-racks"), "beef", port_queue="red")
+
+
 def test_hosts_get_the_congestion_control_and_the_fabric_does_not():
     plan = npl.network_plan(sc.load_scenario("two-racks"), "beef")
     setting = f"net.ipv4.tcp_congestion_control={npl.HOST_TCP_CONGESTION_CONTROL}"
@@ -336,8 +368,8 @@ def emulated(tmp_path):
     made = []
     shm_before = set(os.listdir("/dev/shm"))
 
-    def make(scenario):
-        cluster = EmulatedCluster(scenario, state_dir=tmp_path / "state", apply_delays=False)
+    def make(scenario, **options):
+        cluster = EmulatedCluster(scenario, state_dir=tmp_path / "state", apply_delays=False, **options)
         made.append(cluster)
         cluster.up()
         return cluster
@@ -502,6 +534,45 @@ def test_multi_rail_stream_on_eth1_is_counted_on_eth1_only(emulated):
     sent = {ifname: cluster.interface_stats("h0", ifname) - before[ifname] for ifname in before}
     assert sent["eth1"] >= size_bytes
     assert sent["eth0"] < 64 * 1024, sent  # at most neighbour discovery, nothing of the stream
+
+
+@root
+@pytest.mark.timeout(30)
+def test_fair_port_counts_a_stream_in_its_flows_class(emulated):
+    cluster = emulated(sc.load_scenario("two-racks"), port_queue="fair")
+    size_bytes = 2 * 1024 * 1024
+    fab = cluster.plan.fabric_namespace
+    (port,) = [n.peer_ifname for n in cluster.plan.nics if n.host == "h0"]  # the switch's port towards h0
+    host_of = {n.address: n.host for n in cluster.plan.nics}
+
+    def bytes_by_flow() -> dict:
+        """Bytes each class of the port sent, keyed by the (source, destination) hosts its filter
+        matches (htb prints no JSON for classes, and u32's JSON repeats the key "match"; the
+        text gives the addresses in hex at offsets 12 and 16 of the IP header)."""
+        def show(*what: str) -> str:
+            return subprocess.run(["tc", "-n", fab, *what, "show", "dev", port], capture_output=True, text=True, check=True).stdout
+
+        def host(key: str) -> str:
+            return host_of[str(ipaddress.IPv4Address(int(key, 16)))]
+
+        flow_of_class = {m[1]: (host(m[2]), host(m[3]))
+                         for m in re.finditer(r"flowid (\S+) .*\n +match (\w{8})/ffffffff at 12\n +match (\w{8})/ffffffff at 16", show("filter"))}
+        sent = {m[1]: int(m[2]) for m in re.finditer(r"class htb (\S+) .*\n Sent (\d+) bytes", show("-s", "class"))}
+        return {flow_of_class.get(c, c): n for c, n in sent.items() if c != "1:1"}
+
+    before = bytes_by_flow()
+    assert ("h1", "h0") in before and ("h2", "h0") in before
+    server = cluster.host_popen("h0", [sys.executable, "-c", SERVER, cluster.plan.address("h0")], stdout=subprocess.PIPE, text=True)
+    try:
+        listening = server.stdout.readline().strip()
+        cluster.host_exec("h1", [sys.executable, "-c", CLIENT, cluster.plan.address("h0"), listening, str(size_bytes)], check=True)
+        assert int(float(server.stdout.readline().split()[0])) == size_bytes
+    finally:
+        server.kill()
+        server.wait()
+    sent = {k: v - before[k] for k, v in bytes_by_flow().items()}
+    assert sent.pop(("h1", "h0")) >= size_bytes
+    assert all(v < 64 * 1024 for v in sent.values()), sent  # at most neighbour discovery
 
 
 def test_refusals_without_root_or_tools_are_one_line_and_create_nothing(monkeypatch, capsys, tmp_path):

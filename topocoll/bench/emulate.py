@@ -306,7 +306,7 @@ class EmulatedCluster:
         Emulate the links' delays with netem (False: rates only).
     port_queue : str
         How shaped ports queue: ``fifo`` (drop-tail, an Ethernet switch) or ``fair`` (a queue
-        per sending host, served in turn); see :data:`topocoll.bench.network_plan.PORT_QUEUES`.
+        per flow, a pair of hosts, served in turn); see :data:`topocoll.bench.network_plan.PORT_QUEUES`.
     run_id : str, optional
         4-6 hex digits; drawn at random by default.
 

@@ -45,11 +45,15 @@ examples:
   topocoll emulate show two-racks -o truth.json       # what would be emulated (no root needed)
   topocoll emulate run two-racks -- python -m topocoll.bench allreduce -b 1K -e 16M
   topocoll emulate run asym-ring --ranks 3 --timeout 300 --keep-truth ring.json -- python train.py
+  topocoll emulate run two-racks --port-queue fair -- python -m topocoll.bench allgather -b 16M -e 64M
   topocoll emulate up multi-rail --name mr            # leave it up ...
   topocoll emulate exec mr h1 -- tc -s qdisc show dev eth0
   topocoll emulate down mr                            # ... and remove it (or: down --all)
 
 On a kernel without the netem qdisc, scenarios with delays need --no-delay (rates only).
+Switch ports are drop-tail queues, as Ethernet's are; --port-queue fair gives every flow (pair
+of hosts) its own queue at each port, served in turn: the max-min sharing 'topocoll simulate'
+assumes.
 """
 
 
@@ -153,8 +157,8 @@ def _bring_up_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-delay", action="store_true", help="shape rates only, without netem delays")
     parser.add_argument("--port-queue", choices=PORT_QUEUES, default="fifo",
                         help="how a shaped port queues: fifo, one drop-tail queue as an Ethernet switch port "
-                             "(default); fair, a queue per sending host served in turn, as an InfiniBand switch "
-                             "arbitrates its inputs (max-min sharing, what 'topocoll simulate' assumes)")
+                             "(default); fair, a queue per flow (pair of hosts) served in turn, the max-min "
+                             "sharing 'topocoll simulate' assumes")
     _state_dir_option(parser)
 
 
@@ -237,7 +241,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster = _cluster(args, args.name)
     with _signals_interrupt():
         cluster.up()
-    print(f"up: {cluster.name} (run {cluster.run_id}, scenario {cluster.scenario.name})")
+    print(f"up: {cluster.name} (run {cluster.run_id}, scenario {cluster.scenario.name}, {cluster.plan.port_queue} port queues)")
     print(f"truth topology: {cluster.truth_path}")
     for host, ns in cluster.plan.host_namespaces:
         addresses = ", ".join(f"{n.ifname} {n.address}" for n in cluster.plan.nics_of(host))

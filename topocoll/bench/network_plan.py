@@ -42,7 +42,7 @@ TBF_MIN_BURST_BYTES = 16 * 1024
 TBF_QUEUE_S = 5e-3
 
 #: Bytes a ``fair`` port's class may send per turn: one full frame (1500-byte MTU plus the
-#: 14-byte Ethernet header), so that turns interleave frame by frame, as ports arbitrate packets.
+#: 14-byte Ethernet header), so that turns interleave frame by frame, as fair queueing serves packets.
 FAIR_QUANTUM_BYTES = 1514
 
 #: The TCP congestion control of every emulated host. Network namespaces inherit the machine's
