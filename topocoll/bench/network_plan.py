@@ -298,6 +298,7 @@ def qdisc_commands(
     burst_bytes = max(int(rate_bytes_per_s * TBF_BURST_S), TBF_MIN_BURST_BYTES)
     limit_bytes = max(int(rate_bytes_per_s * TBF_QUEUE_S), 2 * burst_bytes)
     tc = ("tc", "-n", namespace)
+    rate = f"{int(round(rate_bits_per_s))}bit"
     cmds: list[tuple[str, ...]] = []
     if delay_s > 0:
         delay_us = max(1, int(round(delay_s * 1e6)))
@@ -306,22 +307,20 @@ def qdisc_commands(
     else:
         at, handle = ("root",), "1"
     if flows is None:
-        tbf = ("tbf", "rate", f"{int(round(rate_bits_per_s))}bit", "burst", str(burst_bytes), "limit", str(limit_bytes))
+        tbf = ("tbf", "rate", rate, "burst", str(burst_bytes), "limit", str(limit_bytes))
         cmds.append((*tc, "qdisc", "replace", "dev", dev, *at, "handle", f"{handle}:", *tbf))
         return tuple(cmds)
     # class minors are hex: 1 the port, 2.. one per flow, the last one the default
-    n_classes = len(flows) + 1
+    queues = [*flows, ()]  # the default class matches no address pair
     shaping = ("burst", str(burst_bytes), "cburst", str(burst_bytes), "quantum", str(FAIR_QUANTUM_BYTES))
-    cmds.append((*tc, "qdisc", "replace", "dev", dev, *at, "handle", f"{handle}:", "htb", "default", f"{n_classes + 1:x}"))
-    cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:", "classid", f"{handle}:1", "htb",
-                 "rate", f"{int(round(rate_bits_per_s))}bit", "ceil", f"{int(round(rate_bits_per_s))}bit", *shaping))
-    share = f"{max(1, int(rate_bits_per_s / n_classes))}bit"
-    for j in range(n_classes):
+    share = f"{max(1, int(rate_bits_per_s / len(queues)))}bit"
+    cmds.append((*tc, "qdisc", "replace", "dev", dev, *at, "handle", f"{handle}:", "htb", "default", f"{len(queues) + 1:x}"))
+    cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:", "classid", f"{handle}:1", "htb", "rate", rate, "ceil", rate, *shaping))
+    for j, pairs in enumerate(queues):
         classid = f"{handle}:{j + 2:x}"
-        cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:1", "classid", classid, "htb",
-                     "rate", share, "ceil", f"{int(round(rate_bits_per_s))}bit", *shaping))
+        cmds.append((*tc, "class", "add", "dev", dev, "parent", f"{handle}:1", "classid", classid, "htb", "rate", share, "ceil", rate, *shaping))
         cmds.append((*tc, "qdisc", "add", "dev", dev, "parent", classid, "handle", f"{0x100 + j:x}:", "bfifo", "limit", str(limit_bytes)))
-        for src, dst in flows[j] if j < len(flows) else ():
+        for src, dst in pairs:
             cmds.append((*tc, "filter", "add", "dev", dev, "parent", f"{handle}:", "protocol", "ip", "prio", "1", "u32",
                          "match", "ip", "src", f"{src}/32", "match", "ip", "dst", f"{dst}/32", "flowid", classid))
     return tuple(cmds)
