@@ -250,6 +250,7 @@ def test_fair_ports_queue_each_flow_apart():
     data = raw("two-racks")
     plan = npl.network_plan(sc.load_scenario("two-racks"), "beef", apply_delays=False, port_queue="fair")
     commands = plan.setup_commands()
+    fifo = npl.network_plan(sc.load_scenario("two-racks"), "beef", apply_delays=False).setup_commands()
     assert not [c for c in commands if "tbf" in c]
     rate_of_end = {(ns, dev): f"{int(link.rate_bits_per_s)}bit" for ns, dev, link in plan.shaped_ends()}
     assert sorted(rate_of_end.values()) == sorted(f"{int(l['rate_mbit'] * 1e6)}bit" for l in data["links"] for _ in (0, 1))
@@ -271,7 +272,14 @@ def test_fair_ports_queue_each_flow_apart():
         (default,) = set(leaves) - set(flows.values())
         (root_qdisc,) = [c for c in mine if c[3] == "qdisc" and "root" in c]
         assert root_qdisc[root_qdisc.index("htb") + 2] == default.split(":")[1]
-        assert len([c for c in mine if "bfifo" in c]) == len(leaves)
+        queues = [int(c[c.index("limit") + 1]) for c in mine if "bfifo" in c]
+        assert len(queues) == len(leaves)
+        # the flows split what the same port holds as a fifo, each keeping room for a burst
+        (tbf,) = [c for c in fifo if c[:3] == ("tc", "-n", ns) and c[c.index("dev") + 1] == dev and "tbf" in c]
+        port_bytes = int(tbf[tbf.index("limit") + 1])
+        assert len(set(queues)) == 1 and queues[0] >= npl.TBF_MIN_BURST_BYTES
+        assert sum(queues) <= port_bytes or queues[0] == npl.TBF_MIN_BURST_BYTES
+        assert queues[0] < port_bytes
     with pytest.raises(ScenarioError, match="port queue 'red'"):
         npl.network_plan(sc.load_scenario("two-racks"), "beef", port_queue="red")
 
