@@ -20,7 +20,7 @@ the child builds the cluster, plans an allreduce at 1 GiB (:func:`plan_collectiv
   planner built (the model the plan used: the event simulator where affordable, else α-β);
 - ``nccl_busbw`` and ``chosen_on_nccl_busbw``: NCCL's own allreduce by topocoll's calibrated
   model of it (:mod:`topocoll.solver.nccl_model`), and the chosen schedule run on NCCL as the
-  CUDA planner prices it (NCCL's fixed cost per call, link share and latency factor).
+  CUDA planner prices it (NCCL's host cost per call as a floor, link share and latency factor).
 
 8192 GPUs are not run: the planner refuses them before synthesis (their verification would need
 more memory than it allows; see the README's known limits).
@@ -102,7 +102,7 @@ def markdown(rows: list[dict], command: str) -> str:
         "",
         "Against NCCL (the second table): NCCL's own allreduce by topocoll's calibrated model of it "
         "(`benchmarks/results/nccl_tables.md`), and the chosen schedule run on NCCL as the CUDA planner prices it "
-        "(NCCL's fixed cost per call, its share of each link, its latency factor); where NCCL is faster, a `topo` "
+        "(NCCL's host cost per call as a floor under its time, its share of each link, its latency factor); where NCCL is faster, a `topo` "
         "group on CUDA hands the allreduce to NCCL.",
         "",
         "| network | GPUs | plan s | peak MB | chosen | % of bound | transfers | JSON MB (format 1) | compact MB (format 2) | read + verify s | model | bound busbw | chosen busbw | other candidates' busbw |",

@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--nccl", action="store_true",
         help="add NCCL's own collective (topocoll's calibrated model of its ring, tree and NVLS algorithms) and run every "
-        "schedule as on NCCL: NCCL's fixed cost per call, NCCL's share of each link, and topocoll handing allreduce and "
+        "schedule as on NCCL: NCCL's host cost per call (a floor under each call's time), NCCL's share of each link, and topocoll handing allreduce and "
         "allgather to NCCL where NCCL is predicted faster (GPU ranks only)",
     )
     parser.add_argument("--png", metavar="FILE", help="draw the topology with the link load of topocoll's schedule at the largest size (PNG)")
@@ -192,8 +192,8 @@ def simulate_report(
         ``"events"``, ``"alpha-beta"`` or ``"auto"`` (see :data:`EVENT_MODEL_BUDGET`).
     nccl : bool
         Add NCCL's own collective (:mod:`topocoll.solver.nccl_model`) as the series ``nccl``,
-        and run every schedule on NCCL as the CUDA planner does: each pays NCCL's fixed cost
-        per call and reaches NCCL's share of each link, and topocoll's series hands the
+        and run every schedule on NCCL as the CUDA planner does: each takes at least NCCL's
+        host cost per call (calls issued back to back overlap it) and reaches NCCL's share of each link, and topocoll's series hands the
         collective to NCCL at the sizes where NCCL is predicted faster (for the collectives a
         ``topo`` group hands over). The ranks must be GPUs.
 
@@ -261,7 +261,7 @@ def simulate_report(
 
     def on_nccl(sched: Any) -> list[Measurement]:
         points = points_of(sched, held_topology, per_message_overhead_s * native.latency_factor)
-        return [measured(size, native.call_overhead_s + p.time_s) for size, p in zip(effective, points)]
+        return [measured(size, native.call_s(p.time_s)) for size, p in zip(effective, points)]
 
     def t_bw_of(sched: Any) -> float:
         if id(sched) not in bandwidth_times:
@@ -328,8 +328,8 @@ def simulate_report(
     if native is not None:
         header += (
             f"nccl: NCCL's own collective by topocoll's calibrated model ({native.view.machines} machine(s), "
-            f"{'NVLS, ' if native.view.nvls else ''}fixed cost {native.call_overhead_s * 1e6:.1f} us per call); schedules run on NCCL: "
-            f"each pays that cost, reaches {native.link_efficiency(LinkKind.NVLINK):.0%} of each link inside a machine and "
+            f"{'NVLS, ' if native.view.nvls else ''}host cost {native.call_overhead_s * 1e6:.1f} us per call, "
+            f"the floor of a call's time); schedules run on NCCL: each takes at least that, reaches {native.link_efficiency(LinkKind.NVLINK):.0%} of each link inside a machine and "
             f"{native.link_efficiency(LinkKind.NET):.0%} of each network link, as NCCL's own transfers do, and its latencies "
             f"x {native.latency_factor:.2f}, as NCCL's own",
             "topocoll hands the collective to NCCL at: " + (", ".join(f"{size}" for size in handed) if handed else "no size"),

@@ -14,9 +14,12 @@ schedule can be compared with what NCCL would really do, not with a weaker basel
   capped), LL128 120 bytes per 128;
 * **latency** is NCCL's published base latency per algorithm and protocol plus its per-hop
   latency per link type (NVLink, PCIe, network) times the hops the algorithm takes, all times a
-  *calibrated* factor, plus a *calibrated* fixed cost per call by GPU generation, and the
-  network's own latency per hop between machines, one for LL and LL128 and one for Simple
-  (twice the first unless known: Simple sends, then flushes).
+  *calibrated* factor, and the network's own latency per hop between machines, one for LL and
+  LL128 and one for Simple (twice the first unless known: Simple sends, then flushes);
+* **the host's cost per call** (*calibrated*, by GPU generation) overlaps with the device's
+  work: nccl-tests, like a training step, issues its calls back to back on a stream and waits
+  once, so a call takes the longer of the host's cost and the device's time, not their sum
+  (:meth:`NcclEstimate.time_s`).
 
 The figures marked "NCCL" below are the constants of NCCL's tuning model
 (``src/graph/tuning.cc``, NCCL 2.30); the calibrated ones were fitted to the nccl-tests tables
@@ -118,8 +121,10 @@ class Calibration:
     Attributes
     ----------
     call_overhead_s : dict of int to float
-        Fixed cost of one collective call by GPU generation (the compute capability rounded
-        down to a multiple of 10): kernel launch, NCCL's enqueue, the benchmark's loop.
+        The host's cost of one collective call by GPU generation (the compute capability
+        rounded down to a multiple of 10): NCCL's enqueue, the kernel launch, the benchmark's
+        loop. It overlaps with the device's work on the calls before (see
+        :meth:`NcclEstimate.time_s`), so it sets a floor, not an addend.
     ring_efficiency : float
         Share of the ring's limit (the narrowest GPU's bandwidth) that NCCL's ring reaches; the
         chains of its trees inside a machine, made of the same copies, reach it too.
@@ -139,7 +144,7 @@ class Calibration:
     latency_scale: float = 1.0
 
     def overhead_s(self, sm: int | None) -> float:
-        """The fixed cost per call for GPUs of compute capability ``sm`` (the nearest known)."""
+        """The host's cost per call for GPUs of compute capability ``sm`` (the nearest known)."""
         generation = 10 * ((sm or 0) // 10)
         known = sorted(self.call_overhead_s)
         return self.call_overhead_s[min(known, key=lambda g: (abs(g - generation), -g))]
@@ -147,11 +152,11 @@ class Calibration:
 
 #: The calibration fitted by ``benchmarks/nccl_tables.py`` (its report gives every residual).
 CALIBRATION = Calibration(
-    call_overhead_s={80: 18.042 * US, 90: 6.035 * US},
-    ring_efficiency=0.728,
-    nvls_efficiency=0.640,
+    call_overhead_s={80: 43.912 * US, 90: 29.905 * US},
+    ring_efficiency=0.725,
+    nvls_efficiency=0.644,
     network_efficiency=0.915,
-    latency_scale=1.577,
+    latency_scale=1.993,
 )
 
 
@@ -216,20 +221,44 @@ class NcclView:
 
 @dataclass(frozen=True, slots=True)
 class NcclEstimate:
-    """One algorithm and protocol of NCCL's, as the model predicts it."""
+    """One algorithm and protocol of NCCL's, as the model predicts it.
+
+    Attributes
+    ----------
+    algorithm : Algorithm
+    protocol : Protocol
+    latency_s : float
+        The device's latency: what a call of no bytes keeps the GPUs busy.
+    algbw_bytes_per_s : float
+    host_s : float
+        The host's cost of issuing the call (:attr:`Calibration.call_overhead_s`).
+    """
 
     algorithm: Algorithm
     protocol: Protocol
     latency_s: float
     algbw_bytes_per_s: float
+    host_s: float = 0.0
+
+    def device_s(self, size_bytes: float) -> float:
+        """How long the call keeps the GPUs busy: ``latency_s + size_bytes / algbw``."""
+        return self.latency_s + size_bytes / self.algbw_bytes_per_s
 
     def time_s(self, size_bytes: float) -> float:
-        """Predicted time of a call moving ``size_bytes`` (nccl-tests' size)."""
-        return self.latency_s + size_bytes / self.algbw_bytes_per_s
+        """Predicted time of a call moving ``size_bytes`` (nccl-tests' size), issued behind
+        others: the host issues the next call while the device runs this one, so the call
+        takes the longer of the two, ``max(host_s, device_s)``."""
+        return call_time_s(self.host_s, self.device_s(size_bytes))
 
     @property
     def label(self) -> str:
         return f"{self.algorithm.value}/{self.protocol.value}"
+
+
+def call_time_s(host_s: float, device_s: float) -> float:
+    """The time of one call among calls issued back to back: the host issues the next while the
+    device runs this one, so the longer of the two costs sets the pace."""
+    return max(host_s, device_s)
 
 
 def nccl_view(topology: Topology, ranks: Sequence[str], network_latency_s: float = 0.0) -> NcclView:
@@ -362,7 +391,7 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         return ()
     ppn = view.ranks_per_machine
     sm = view.sm or 0
-    overhead = calibration.overhead_s(view.sm)
+    host = calibration.overhead_s(view.sm)
     scale = calibration.latency_scale
     allreduce = collective is Collective.ALLREDUCE
     steps = 2 * (n - 1) if allreduce else n - 1 if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER) else n
@@ -384,20 +413,20 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
             busbw = min(busbw, ll_max)
         hop = HOP_LATENCY_S[intra][Algorithm.RING][i] * scale
         net = HOP_LATENCY_S["net"][Algorithm.RING][i] * scale + view.network_hop_latency_s(p)
-        latency = overhead + BASE_LATENCY_S[Algorithm.RING][i] * scale + (steps - net_steps) * hop + net_steps * net
-        out.append(NcclEstimate(Algorithm.RING, p, latency, busbw * bus_to_alg))
+        latency = BASE_LATENCY_S[Algorithm.RING][i] * scale + (steps - net_steps) * hop + net_steps * net
+        out.append(NcclEstimate(Algorithm.RING, p, latency, busbw * bus_to_alg, host))
     simple = list(Protocol).index(Protocol.SIMPLE)
     if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER):
         if view.nvls and machines == 1:
             # The switch multicasts (allgather) or reduces (reduce-scatter) each shard: every
             # GPU moves S (n - 1) / n through its NVLinks, as in a ring, with NVLS's efficiency.
-            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
-            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, view.gpu_bw_bytes_per_s * calibration.nvls_efficiency * n / (n - 1)))
+            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
+            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, view.gpu_bw_bytes_per_s * calibration.nvls_efficiency * n / (n - 1), host))
         if machines == n and sm >= PAT_MIN_SM:
             levels = math.ceil(math.log2(n))
             net = HOP_LATENCY_S["net"][Algorithm.PAT][simple] * scale + view.network_hop_latency_s(Protocol.SIMPLE)
-            latency = overhead + BASE_LATENCY_S[Algorithm.PAT][simple] * scale + levels * net / PAT_LEVEL_LATENCY_DIVISOR + n * PAT_RANK_LATENCY_S * scale
-            out.append(NcclEstimate(Algorithm.PAT, Protocol.SIMPLE, latency, ring_busbw * PAT_BW_FACTOR))
+            latency = BASE_LATENCY_S[Algorithm.PAT][simple] * scale + levels * net / PAT_LEVEL_LATENCY_DIVISOR + n * PAT_RANK_LATENCY_S * scale
+            out.append(NcclEstimate(Algorithm.PAT, Protocol.SIMPLE, latency, ring_busbw * PAT_BW_FACTOR, host))
     if not allreduce:
         return tuple(out)
     # Trees: a chain inside each machine, a double binary tree between machines. Each GPU of a
@@ -414,24 +443,25 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
             algbw = min(algbw, ll_max / 2)
         hop = HOP_LATENCY_S[intra][Algorithm.TREE][i] * scale
         net = HOP_LATENCY_S["net"][Algorithm.TREE][i] * scale + view.network_hop_latency_s(p)
-        latency = overhead + BASE_LATENCY_S[Algorithm.TREE][i] * scale + 2 * ((ppn - 1) * hop + depth * net)
-        out.append(NcclEstimate(Algorithm.TREE, p, latency, algbw))
+        latency = BASE_LATENCY_S[Algorithm.TREE][i] * scale + 2 * ((ppn - 1) * hop + depth * net)
+        out.append(NcclEstimate(Algorithm.TREE, p, latency, algbw, host))
     if view.nvls and ppn > 1:
         # Each GPU sends its buffer to the switch and receives the reduced buffer once (plus its
         # own shard's round trip): algbw <= B / (1 + 1/ppn) inside a machine.
         nvls_algbw = view.gpu_bw_bytes_per_s * calibration.nvls_efficiency / (1 + 1 / ppn)
         if machines == 1:
-            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
-            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw))
+            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
+            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw, host))
         else:
             net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][simple] * scale + view.network_hop_latency_s(Protocol.SIMPLE)
-            latency = overhead + HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][simple] * scale + 2 * depth * net
-            out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, min(nvls_algbw, tree_net_algbw)))
+            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][simple] * scale + 2 * depth * net
+            out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, min(nvls_algbw, tree_net_algbw), host))
     return tuple(out)
 
 
 def nccl_time(view: NcclView, collective: Collective, size_bytes: float, calibration: Calibration = CALIBRATION) -> NcclEstimate:
-    """The fastest of :func:`nccl_estimates` at ``size_bytes``: what NCCL's tuner picks.
+    """The fastest of :func:`nccl_estimates` at ``size_bytes``: what NCCL's tuner picks (by the
+    device's time: the host's cost is the same for all).
 
     Raises
     ------
@@ -443,7 +473,7 @@ def nccl_time(view: NcclView, collective: Collective, size_bytes: float, calibra
     estimates = nccl_estimates(view, collective, calibration)
     if not estimates:
         raise ValueError("NCCL's model needs two ranks or more")
-    return min(estimates, key=lambda e: e.time_s(size_bytes))
+    return min(estimates, key=lambda e: e.device_s(size_bytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,8 +500,13 @@ class NcclNative:
 
     @property
     def call_overhead_s(self) -> float:
-        """The fixed cost of one call on these GPUs (:meth:`Calibration.overhead_s`)."""
+        """The host's cost of one call on these GPUs (:meth:`Calibration.overhead_s`)."""
         return self.calibration.overhead_s(self.view.sm)
+
+    def call_s(self, device_s: float) -> float:
+        """A call that keeps the device busy ``device_s``, issued behind others
+        (:func:`call_time_s` with :attr:`call_overhead_s`)."""
+        return call_time_s(self.call_overhead_s, device_s)
 
     def link_efficiency(self, kind: LinkKind) -> float:
         """The share of a ``kind`` link that NCCL's point-to-point transfers reach: between

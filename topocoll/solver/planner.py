@@ -22,7 +22,8 @@ Where the runtime can hand a collective to its inner backend and a model of that
 own collectives is given (``native_model``: :class:`topocoll.solver.nccl_model.NcclNative`
 for NCCL), the backend's collective is a candidate priced by that model, and every schedule
 is held to that backend (timed on :func:`backend_topology`: the share of each link the
-backend's point-to-point copies reach, its real latencies; plus its fixed cost per call), so
+backend's point-to-point copies reach, its real latencies; and its host cost per call, a floor under the time of calls issued back to
+back), so
 that the two are compared like with like: a collective is handed to NCCL wherever NCCL is
 predicted faster.
 """
@@ -111,7 +112,12 @@ class NativeModel(Protocol):
 
     @property
     def call_overhead_s(self) -> float:
-        """The fixed cost of any collective call on this backend, which schedules pay too."""
+        """The host's cost of any collective call on this backend, which schedules pay too."""
+        ...
+
+    def call_s(self, device_s: float) -> float:
+        """The time of a call that keeps the device busy ``device_s``, the host's cost
+        included (calls issued back to back overlap the two)."""
         ...
 
     def link_efficiency(self, kind: LinkKind) -> float:
@@ -367,7 +373,8 @@ def predict_times(
     With a ``native_model``, the :data:`NATIVE` candidate takes its time from it, and every other
     candidate is held to the same backend: it is timed on the graph as the backend's transfers
     see it (:func:`backend_topology`), with the per-message overhead times the backend's latency
-    factor, and pays the backend's fixed cost per call on top.
+    factor, and pays the backend's cost per call as the backend's own collectives do
+    (:meth:`NativeModel.call_s`).
     """
     if native_model is None:
         return _predict_schedules(candidates, topology, size_bytes, per_message_overhead_s)
@@ -390,7 +397,7 @@ def predict_times(
             ))
         else:
             timed_c = next(on_backend)
-            out.append(dataclasses.replace(timed_c, predicted_time_s=native_model.call_overhead_s + timed_c.predicted_time_s))
+            out.append(dataclasses.replace(timed_c, predicted_time_s=native_model.call_s(timed_c.predicted_time_s)))
     return tuple(out), model + "+native model"
 
 
@@ -478,7 +485,7 @@ def plan_collective(
     native_model : NativeModel, optional
         A model of the inner backend's own collectives (e.g. NCCL's,
         :class:`topocoll.solver.nccl_model.NcclNative`): the :data:`NATIVE` candidate is priced
-        by it, and every schedule pays its fixed cost per call.
+        by it, and every schedule pays its cost per call (:meth:`NativeModel.call_s`).
 
     Returns
     -------
