@@ -82,6 +82,7 @@ def fastest_nic(scenario: sc.Scenario) -> str | None:
 
 def bench(cluster, collective, extra, topology_path, sizes, iters, work: Path, tag: str, prefix: tuple[str, ...] = ()) -> dict:
     out = work / f"{collective}-{tag}.json"
+    cluster.renew_queues()  # every process meets new queues (EmulatedCluster.renew_queues says why)
     argv = [*prefix, sys.executable, "-m", "topocoll.bench", collective, "-b", sizes[0], "-e", sizes[-1], "-f", "2",
             "-n", str(iters), "-w", "1", "-c", "1", "-q", "-J", str(out), *extra]
     run(cluster, argv, {"TOPOCOLL_TOPOLOGY": str(topology_path), "PYTHONPATH": str(REPO)}, timeout_s=1800)

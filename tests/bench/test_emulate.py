@@ -284,6 +284,20 @@ def test_fair_ports_queue_each_flow_apart():
         npl.network_plan(sc.load_scenario("two-racks"), "beef", port_queue="red")
 
 
+@pytest.mark.parametrize("port_queue", npl.PORT_QUEUES)
+def test_renewing_queues_deletes_each_shaped_root_and_shapes_it_as_setup_did(port_queue):
+    plan = npl.network_plan(sc.load_scenario("two-racks"), "beef", port_queue=port_queue)
+    setup, queues, renew = plan.setup_commands(), plan.queue_commands(), plan.requeue_commands()
+    tc = [c for c in setup if c[0] == "tc"]
+    assert tc == list(queues)
+    ends = {(c[2], c[c.index("dev") + 1]) for c in tc}
+    deletes = renew[: len(renew) - len(queues)]
+    assert renew[len(deletes):] == queues
+    assert all(c[3:5] == ("qdisc", "del") and c[-1] == "root" for c in deletes)
+    assert sorted((c[2], c[c.index("dev") + 1]) for c in deletes) == sorted(ends)
+    assert len(ends) == len(deletes) == 2 * len(raw("two-racks")["links"])
+
+
 def test_hosts_get_the_congestion_control_and_the_fabric_does_not():
     plan = npl.network_plan(sc.load_scenario("two-racks"), "beef")
     setting = f"net.ipv4.tcp_congestion_control={npl.HOST_TCP_CONGESTION_CONTROL}"
@@ -568,19 +582,30 @@ def test_fair_port_counts_a_stream_in_its_flows_class(emulated):
         sent = {m[1]: int(m[2]) for m in re.finditer(r"class htb (\S+) .*\n Sent (\d+) bytes", show("-s", "class"))}
         return {flow_of_class.get(c, c): n for c, n in sent.items() if c != "1:1"}
 
-    before = bytes_by_flow()
-    assert ("h1", "h0") in before and ("h2", "h0") in before
-    server = cluster.host_popen("h0", [sys.executable, "-c", SERVER, cluster.plan.address("h0")], stdout=subprocess.PIPE, text=True)
-    try:
-        listening = server.stdout.readline().strip()
-        cluster.host_exec("h1", [sys.executable, "-c", CLIENT, cluster.plan.address("h0"), listening, str(size_bytes)], check=True)
-        assert int(float(server.stdout.readline().split()[0])) == size_bytes
-    finally:
-        server.kill()
-        server.wait()
-    sent = {k: v - before[k] for k, v in bytes_by_flow().items()}
-    assert sent.pop(("h1", "h0")) >= size_bytes
-    assert all(v < 64 * 1024 for v in sent.values()), sent  # at most neighbour discovery
+    def stream_h1_to_h0() -> dict:
+        """Send ``size_bytes`` from h1 to h0; the bytes each flow's class sent meanwhile."""
+        before = bytes_by_flow()
+        assert ("h1", "h0") in before and ("h2", "h0") in before
+        server = cluster.host_popen("h0", [sys.executable, "-c", SERVER, cluster.plan.address("h0")], stdout=subprocess.PIPE, text=True)
+        try:
+            listening = server.stdout.readline().strip()
+            cluster.host_exec("h1", [sys.executable, "-c", CLIENT, cluster.plan.address("h0"), listening, str(size_bytes)], check=True)
+            assert int(float(server.stdout.readline().split()[0])) == size_bytes
+        finally:
+            server.kill()
+            server.wait()
+        return {k: v - before[k] for k, v in bytes_by_flow().items()}
+
+    for renewed in (False, True):
+        if renewed:
+            # new queues: the same classes, counting from zero, and streams still counted in theirs
+            flows = set(bytes_by_flow())
+            cluster.renew_queues()
+            fresh = bytes_by_flow()
+            assert set(fresh) == flows and all(v < 64 * 1024 for v in fresh.values()), fresh
+        sent = stream_h1_to_h0()
+        assert sent.pop(("h1", "h0")) >= size_bytes
+        assert all(v < 64 * 1024 for v in sent.values()), sent  # at most neighbour discovery
 
 
 def test_refusals_without_root_or_tools_are_one_line_and_create_nothing(monkeypatch, capsys, tmp_path):

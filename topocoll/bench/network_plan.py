@@ -233,12 +233,26 @@ class NetworkPlan:
             for end, switch in ((end_a, link.a), (end_b, link.b)):
                 cmds.append(("ip", "-n", fab, "link", "set", end, "master", bridge_of[switch]))
                 cmds.append(("ip", "-n", fab, "link", "set", end, "up"))
-        flows = self.flows() if self.port_queue == "fair" else None
-        for ns, dev, link in self.shaped_ends():
-            cmds.extend(qdisc_commands(ns, dev, link.rate_bits_per_s, link.delay_s if self.apply_delays else 0.0, flows))
+        cmds.extend(self.queue_commands())
         for route in self.routes:
             cmds.append(("ip", "-n", self.namespace(route.host), "route", "add", route.destination, "via", route.via, "dev", route.dev))
         return tuple(cmds)
+
+    def queue_commands(self) -> tuple[tuple[str, ...], ...]:
+        """The ``tc`` commands that shape both ends of every link (:func:`qdisc_commands`)."""
+        flows = self.flows() if self.port_queue == "fair" else None
+        cmds: list[tuple[str, ...]] = []
+        for ns, dev, link in self.shaped_ends():
+            cmds.extend(qdisc_commands(ns, dev, link.rate_bits_per_s, link.delay_s if self.apply_delays else 0.0, flows))
+        return tuple(cmds)
+
+    def requeue_commands(self) -> tuple[tuple[str, ...], ...]:
+        """The commands that replace every shaped port's queues with new ones, as
+        :meth:`setup_commands` made them: each end's root qdisc deleted, then
+        :meth:`queue_commands`. See :meth:`topocoll.bench.emulate.EmulatedCluster.renew_queues`
+        for why."""
+        deletes = tuple(("tc", "-n", ns, "qdisc", "del", "dev", dev, "root") for ns, dev, _ in self.shaped_ends())
+        return deletes + self.queue_commands()
 
     def flows(self) -> tuple[tuple[tuple[str, str], ...], ...]:
         """A fair port's queues: one per ordered pair of hosts, each the (source, destination)
