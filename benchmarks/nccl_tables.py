@@ -11,9 +11,10 @@ NCCL's busbw at each size: the fastest of its algorithms (ring, tree, NVLS, NVLS
 protocols (LL, LL128, Simple).
 
 The model's free parameters (:class:`topocoll.solver.nccl_model.Calibration`: the host's cost per
-call by GPU generation, a floor under the time of calls issued back to back, the share of each limit that rings, NVLS and the network reach, and a
-factor on NCCL's published latencies) are fitted here to all tables at once, by least squares on the logarithm of predicted
-over measured busbw (a robust loss, so that one odd table cannot pull the rest). A two-machine
+call by GPU generation, a floor under the time of calls issued back to back, the share of each
+limit that rings, NVLS and the network reach, and a factor on NCCL's published latencies) are
+fitted here to all tables at once, by least squares on the logarithm of predicted over measured
+busbw (a robust loss, so that one odd table cannot pull the rest). A two-machine
 table with small sizes also fits its network's latency per hop, for LL/LL128 and for Simple
 (properties of that network: ``topocoll topo probe`` measures the first; the second is large
 where a transport stages Simple's chunks through the host, as TCP without RDMA does). To show

@@ -193,9 +193,10 @@ def simulate_report(
     nccl : bool
         Add NCCL's own collective (:mod:`topocoll.solver.nccl_model`) as the series ``nccl``,
         and run every schedule on NCCL as the CUDA planner does: each takes at least NCCL's
-        host cost per call (calls issued back to back overlap it) and reaches NCCL's share of each link, and topocoll's series hands the
-        collective to NCCL at the sizes where NCCL is predicted faster (for the collectives a
-        ``topo`` group hands over). The ranks must be GPUs.
+        host cost per call (calls issued back to back overlap it) and reaches NCCL's share of
+        each link, and topocoll's series hands the collective to NCCL at the sizes where NCCL
+        is predicted faster (for the collectives a ``topo`` group hands over). The ranks must
+        be GPUs.
 
     Returns
     -------
