@@ -22,10 +22,9 @@ Where the runtime can hand a collective to its inner backend and a model of that
 own collectives is given (``native_model``: :class:`topocoll.solver.nccl_model.NcclNative`
 for NCCL), the backend's collective is a candidate priced by that model, and every schedule
 is held to that backend (timed on :func:`backend_topology`: the share of each link the
-backend's point-to-point copies reach, its real latencies; and its host cost per call, a floor under the time of calls issued back to
-back), so
-that the two are compared like with like: a collective is handed to NCCL wherever NCCL is
-predicted faster.
+backend's point-to-point copies reach, its real latencies; and its host cost per call, a
+floor under the time of calls issued back to back), so that the two are compared like with
+like: a collective is handed to NCCL wherever NCCL is predicted faster.
 """
 
 from __future__ import annotations
