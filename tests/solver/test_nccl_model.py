@@ -21,6 +21,7 @@ from topocoll.solver.nccl_model import (
     NcclNative,
     Protocol,
     nccl_estimates,
+    nccl_algorithms,
     nccl_native,
     nccl_time,
     nccl_view,
@@ -176,6 +177,30 @@ def test_two_machines_run_trees_whose_network_share_doubles():
     assert Protocol.LL128 not in {e.protocol for e in nccl_estimates(rdma_less, Collective.ALLREDUCE)}
 
 
+def test_nccl_algo_restricts_the_tuner_as_nccl_does():
+    h100 = build_preset("dgx-h100")
+    view = nccl_view(h100, h100.compute_nodes())
+    nvls = nccl_algorithms("NVLS")
+    assert nvls == {Algorithm.NVLS}
+    assert nccl_time(view, Collective.ALLREDUCE, KIB).algorithm is Algorithm.RING
+    for k in range(10, 34, 3):
+        size = 1 << k
+        forced = nccl_time(view, Collective.ALLREDUCE, size, algorithms=nvls)
+        assert forced.algorithm is Algorithm.NVLS
+        # the tuner's free choice is the fastest; a restricted one can only be as fast or slower
+        assert forced.time_s(size) >= nccl_time(view, Collective.ALLREDUCE, size).time_s(size)
+    # the syntax: any case, NVLSTree's spelling, '^' for all but
+    assert nccl_algorithms("ring,nvlstree") == {Algorithm.RING, Algorithm.NVLS_TREE}
+    assert nccl_algorithms("^Ring,Tree") == set(Algorithm) - {Algorithm.RING, Algorithm.TREE}
+    for bad, message in (("", "names no algorithm"), ("CollNetDirect", "unknown algorithm 'CollNetDirect'"), ("Ring,Bogus", "'Bogus'")):
+        with pytest.raises(ValueError, match=message):
+            nccl_algorithms(bad)
+    # the A100 has no NVLS: NCCL fails such a call, and so does the model
+    a100 = build_preset("dgx-a100")
+    with pytest.raises(ValueError, match="none of the algorithms nvls runs allreduce"):
+        nccl_time(nccl_view(a100, a100.compute_nodes()), Collective.ALLREDUCE, KIB, algorithms=nvls)
+
+
 def test_bad_requests_are_refused():
     flat = flat_topology(4)
     with pytest.raises(SolverError, match="GPU ranks"):
@@ -214,6 +239,24 @@ def test_the_calibration_is_the_committed_fit_and_the_report_is_current():
         for row, (busbw, label) in zip(committed["rows"], predicted):
             assert busbw == pytest.approx(row["predicted_busbw_bytes_per_s"], rel=2e-3)
             assert label == row["algorithm"]
+
+
+def test_the_tables_as_run_keep_to_the_algorithms_their_publisher_allowed():
+    tables = _tables_module()
+    report = json.loads((REPO / "benchmarks" / "results" / "nccl_tables.json").read_text())["as_run"]
+    forced = {name: machine["nccl_algo"] for name, _, machine in tables.MACHINES if "nccl_algo" in machine}
+    assert forced == {"azure-ndv5-h100-8gpu.allreduce-busbw-table.txt": "NVLS", "azure-ndh200v5-h200-8gpu.allreduce-busbw-table.txt": "NVLS"}
+    values = [report["calibration"][name] for name, _, _ in tables.PARAMETERS]
+    calibration = tables.calibration_of(values)
+    for table in tables.load_tables(as_run=True):
+        assert table.algorithms == (nccl_algorithms(forced[table.name]) if table.name in forced else None)
+        committed = next(t for t in report["tables"] if t["table"] == table.name)
+        predicted = tables.predicted_busbw(table, calibration, committed["network_latency_s"], committed["network_simple_latency_s"])
+        for row, (busbw, label) in zip(committed["rows"], predicted, strict=True):
+            assert busbw == pytest.approx(row["predicted_busbw_bytes_per_s"], rel=2e-3)
+            assert label == row["algorithm"]
+            if table.name in forced:
+                assert label == "nvls/Simple"
 
 
 def test_planner_hands_nccl_what_nccl_does_faster():

@@ -124,7 +124,9 @@ class Calibration:
         The host's cost of one collective call by GPU generation (the compute capability
         rounded down to a multiple of 10): NCCL's enqueue, the kernel launch, the benchmark's
         loop. It overlaps with the device's work on the calls before (see
-        :meth:`NcclEstimate.time_s`), so it sets a floor, not an addend.
+        :meth:`NcclEstimate.time_s`), so it sets a floor, not an addend. The tables that fix it
+        ran ``all_reduce_perf -g 8``, one thread issuing the call on all eight GPUs; a process
+        per GPU, as torch.distributed runs, issues one GPU's share.
     ring_efficiency : float
         Share of the ring's limit (the narrowest GPU's bandwidth) that NCCL's ring reaches; the
         chains of its trees inside a machine, made of the same copies, reach it too.
@@ -459,21 +461,71 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
     return tuple(out)
 
 
-def nccl_time(view: NcclView, collective: Collective, size_bytes: float, calibration: Calibration = CALIBRATION) -> NcclEstimate:
+def nccl_time(
+    view: NcclView,
+    collective: Collective,
+    size_bytes: float,
+    calibration: Calibration = CALIBRATION,
+    algorithms: frozenset[Algorithm] | None = None,
+) -> NcclEstimate:
     """The fastest of :func:`nccl_estimates` at ``size_bytes``: what NCCL's tuner picks (by the
     device's time: the host's cost is the same for all).
+
+    Parameters
+    ----------
+    view, collective, size_bytes, calibration
+        As :func:`nccl_estimates`; ``size_bytes`` is nccl-tests' size.
+    algorithms : frozenset of Algorithm, optional
+        Only these, as ``NCCL_ALGO`` restricts NCCL's tuner (:func:`nccl_algorithms` reads its
+        syntax); None: every algorithm.
 
     Raises
     ------
     ValueError
-        For fewer than two ranks or a size that is not positive.
+        For fewer than two ranks, a size that is not positive, or ``algorithms`` of which none
+        runs here (NCCL fails such a call: no algorithm/protocol available).
     """
     if not size_bytes > 0:
         raise ValueError(f"size must be > 0 bytes, got {size_bytes}")
     estimates = nccl_estimates(view, collective, calibration)
     if not estimates:
         raise ValueError("NCCL's model needs two ranks or more")
+    if algorithms is not None:
+        estimates = tuple(e for e in estimates if e.algorithm in algorithms)
+        if not estimates:
+            wanted = ", ".join(sorted(a.value for a in algorithms))
+            raise ValueError(f"none of the algorithms {wanted} runs {collective.value} on these ranks")
     return min(estimates, key=lambda e: e.device_s(size_bytes))
+
+
+def nccl_algorithms(spec: str) -> frozenset[Algorithm]:
+    """The algorithms an ``NCCL_ALGO`` value allows: names separated by commas, any case
+    (``Ring``, ``Tree``, ``NVLS``, ``NVLSTree``, ``PAT``), or all but those after a leading ``^``.
+
+    Raises
+    ------
+    ValueError
+        For an empty value or a name the model does not know (CollNet is not modelled).
+
+    Examples
+    --------
+    >>> sorted(a.value for a in nccl_algorithms("NVLS"))
+    ['nvls']
+    >>> sorted(a.value for a in nccl_algorithms("^ring,tree"))
+    ['nvls', 'nvls_tree', 'pat']
+    """
+    exclude = spec.startswith("^")
+    names = [n.strip() for n in spec.removeprefix("^").split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"NCCL_ALGO {spec!r} names no algorithm")
+    by_name = {a.value.replace("_", ""): a for a in Algorithm}
+    chosen = set()
+    for name in names:
+        algorithm = by_name.get(name.lower().replace("_", ""))
+        if algorithm is None:
+            raise ValueError(f"NCCL_ALGO {spec!r}: unknown algorithm {name!r} (known: Ring, Tree, NVLS, NVLSTree, PAT)")
+        chosen.add(algorithm)
+    return frozenset(set(Algorithm) - chosen if exclude else chosen)
 
 
 @dataclass(frozen=True, slots=True)
