@@ -8,11 +8,12 @@ For every nccl-tests allreduce table in ``tests/data/topologies`` (three Azure s
 tables, two two-machine ``all_reduce_perf`` outputs) the machine is rebuilt from topocoll's
 presets, as the table's header describes it, and :mod:`topocoll.solver.nccl_model` predicts
 NCCL's busbw at each size: the fastest of its algorithms (ring, tree, NVLS, NVLS-tree) and
-protocols (LL, LL128, Simple).
+protocols (LL, LL128, Simple) that the table's ``NCCL_ALGO`` allowed (:data:`MACHINES`).
 
 The model's free parameters (:class:`topocoll.solver.nccl_model.Calibration`: the host's cost per
 call by GPU generation, a floor under the time of calls issued back to back, the share of each
-limit that rings, NVLS and the network reach, and a factor on NCCL's published latencies) are
+limit that rings, NVLS and the network reach, a factor on NCCL's published latencies and one on
+NVLS's, and NVLS's cost per chunk) are
 fitted here to all tables at once, by least squares on the logarithm of predicted over measured
 busbw (a robust loss, so that one odd table cannot pull the rest). A two-machine
 table with small sizes also fits its network's latency per hop, for LL/LL128 and for Simple
@@ -109,9 +110,9 @@ class Table:
         return self.view.machines > 1 and any(size < LATENCY_SIZES_BYTES for size, _ in self.measured)
 
 
-def load_tables(as_run: bool = False) -> list[Table]:
-    """The tables, each with its machine's view; ``as_run``: restricted to the algorithms the
-    publisher's ``NCCL_ALGO`` allowed, where it set one."""
+def load_tables(free_choice: bool = False) -> list[Table]:
+    """The tables, each with its machine's view and held to the algorithms its publisher's
+    ``NCCL_ALGO`` allowed; ``free_choice``: to none, as if ``NCCL_ALGO`` were unset."""
     from topocoll.solver.metrics import bus_factor
     from topocoll.solver.nccl_model import nccl_algorithms, nccl_view
     from topocoll.solver.schedule import Collective
@@ -121,7 +122,7 @@ def load_tables(as_run: bool = False) -> list[Table]:
         topology = build(machine)
         view = dataclasses.replace(nccl_view(topology, topology.compute_nodes()), network_rdma=machine.get("rdma", True))
         measured = read_table(TABLES_DIR / name, bus_factor(Collective.ALLREDUCE, view.ranks))
-        algorithms = nccl_algorithms(machine["nccl_algo"]) if as_run and "nccl_algo" in machine else None
+        algorithms = nccl_algorithms(machine["nccl_algo"]) if "nccl_algo" in machine and not free_choice else None
         tables.append(Table(name, what, view, tuple(measured), algorithms))
     return tables
 
@@ -150,12 +151,16 @@ PARAMETERS = (
     ("nvls_efficiency", 0.2, 1.0),
     ("network_efficiency", 0.2, 1.0),
     ("latency_scale", 0.1, 3.0),
+    ("nvls_latency_scale", 0.1, 3.0),
+    ("nvls_chunk_us", 0.0, 100.0),
 )
-START = (20.0, 15.0, 0.8, 0.7, 0.8, 1.0)
+START = (20.0, 15.0, 0.8, 0.7, 0.8, 1.0, 1.0, 1.0)
 #: The host costs (SM 8.x, 9.x; microseconds) the fit may start from: with the host's cost a
 #: floor under the device's time (``max``, not a sum), the loss has a local minimum wherever a
-#: host cost stops binding, so the fit starts from the best of these.
+#: host cost stops binding, so the fit starts from the best of these, each with each of
+#: :data:`CHUNK_STARTS_US` for NVLS's cost per chunk.
 HOST_STARTS_US = tuple((a, b) for a in (5.0, 15.0, 30.0, 50.0) for b in (5.0, 15.0, 30.0, 50.0))
+CHUNK_STARTS_US = (0.5, 3.0, 10.0)
 #: The loss's scale: residuals (log of predicted / measured) beyond about 15 % count linearly.
 F_SCALE = 0.1
 
@@ -163,7 +168,8 @@ F_SCALE = 0.1
 def calibration_of(values) -> object:
     from topocoll.solver.nccl_model import US, Calibration
 
-    return Calibration({80: values[0] * US, 90: values[1] * US}, *map(float, values[2:6]))
+    ring, nvls, network, latency, nvls_latency, nvls_chunk_us = map(float, values[2:8])
+    return Calibration({80: values[0] * US, 90: values[1] * US}, ring, nvls, network, latency, nvls_latency, nvls_chunk_us * US)
 
 
 def fit(tables: list[Table], fixed=None) -> tuple[tuple[float, ...], dict[str, tuple[float, float]]]:
@@ -195,15 +201,18 @@ def fit(tables: list[Table], fixed=None) -> tuple[tuple[float, ...], dict[str, t
     if not x0:
         return tuple(fixed), {}
     if fixed is None:
-        x0 = min((start(x0, host_us) for host_us in HOST_STARTS_US), key=lambda x: cost(residuals(x)))
+        starts = (start(x0, host_us, chunk_us) for host_us in HOST_STARTS_US for chunk_us in CHUNK_STARTS_US)
+        x0 = min(starts, key=lambda x: cost(residuals(x)))
     # soft_l1 with a scale near the target: residuals beyond ~15 % count linearly, not squared
     result = least_squares(residuals, x0, bounds=(lower, upper), loss="soft_l1", f_scale=F_SCALE)
     return unpack(result.x)
 
 
-def start(x0: list[float], host_us: tuple[float, float]) -> list[float]:
-    """``x0`` with its two host costs (the first two parameters) replaced by ``host_us``."""
-    return [*host_us, *x0[2:]]
+def start(x0: list[float], host_us: tuple[float, float], chunk_us: float) -> list[float]:
+    """``x0`` with its two host costs (the first two parameters) replaced by ``host_us`` and
+    NVLS's cost per chunk by ``chunk_us``."""
+    chunk = [p[0] for p in PARAMETERS].index("nvls_chunk_us")
+    return [*host_us, *x0[2:chunk], chunk_us, *x0[chunk + 1:]]
 
 
 def cost(residuals) -> float:
@@ -345,7 +354,9 @@ def markdown(report: dict, command: str) -> str:
         f"Command: `{command}`. Date (UTC): {datetime.now(timezone.utc):%Y-%m-%d %H:%M}. Machine: {platform.machine()}, "
         f"CPython {platform.python_version()}. busbw in GB/s (nccl-tests' definition). \"predicted\" is "
         "`topocoll.solver.nccl_model` with the calibration fitted to all five tables, \"held out\" the same model fitted to the "
-        "other four; error = predicted / measured - 1; \"algorithm\" is the algorithm/protocol the model predicts NCCL runs.",
+        "other four; error = predicted / measured - 1; \"algorithm\" is the algorithm/protocol the model predicts NCCL runs, "
+        "among those the table's `NCCL_ALGO` allowed: the publisher of the Azure tables ran `all_reduce_perf -g 8` (one "
+        "thread issuing every call on all eight GPUs) with `NCCL_ALGO=NVLS` on the 8-GPU Hopper machines.",
         "",
         "## Calibration (fitted to all tables)",
         "",
@@ -389,35 +400,32 @@ def markdown(report: dict, command: str) -> str:
                 f"{r['error_percent']:+.0f} % | {r['algorithm']} | {r['held_out_busbw_bytes_per_s'] / 1e9:.2f} | {r['held_out_error_percent']:+.0f} % |"
             )
         lines.append("")
-    lines += as_run_markdown(report.get("as_run"))
+    lines += free_choice_markdown(report.get("free_choice"))
     lines += comparison_markdown(report.get("against_nccl", []))
     return "\n".join(lines)
 
 
-def as_run_markdown(as_run: dict | None) -> list[str]:
-    """The fit with each table restricted to the algorithms its publisher's ``NCCL_ALGO`` allowed."""
-    if not as_run:
+def free_choice_markdown(free: dict | None) -> list[str]:
+    """The same fit with every table predicted by NCCL's free choice, ``NCCL_ALGO`` ignored."""
+    if not free:
         return []
-    every = [r for t in as_run["tables"] for r in t["rows"]]
-    forced = ", ".join(f"{m[1]} ({m[2]['nccl_algo']})" for m in MACHINES if "nccl_algo" in m[2])
+    every = [r for t in free["tables"] for r in t["rows"]]
     lines = [
-        "## The tables as their publisher ran them",
+        "## The same fit as if NCCL had chosen freely",
         "",
-        f"The publisher's script sets `NCCL_ALGO` for some tables: {forced}. The model above predicts NCCL's own "
-        "choice among all algorithms, as a user who sets nothing gets it; here the same fit with each such table "
-        "restricted to the algorithms it allowed (`python benchmarks/nccl_tables.py`, the `as_run` part of its JSON):",
+        "The predictions above hold each table to the `NCCL_ALGO` it ran with. Fitted instead as if NCCL had chosen "
+        "among all its algorithms (the `free_choice` part of the JSON): within 15 % at "
+        f"{_within(every, 'error_percent')} of {len(every)} sizes fitted, {_within(every, 'held_out_error_percent')} of "
+        f"{len(every)} held out.",
         "",
         "| parameter | value |",
         "|---|---:|",
-        *(f"| {name} | {value:.3f} |" for name, value in as_run["calibration"].items()),
-        "",
-        f"Within 15 %: {_within(every, 'error_percent')} of {len(every)} sizes fitted, "
-        f"{_within(every, 'held_out_error_percent')} of {len(every)} held out.",
+        *(f"| {name} | {value:.3f} |" for name, value in free["calibration"].items()),
         "",
         "| table | within 15 % (fitted) | misses (size: error, algorithm) |",
         "|---|---:|---|",
     ]
-    for t in as_run["tables"]:
+    for t in free["tables"]:
         misses = ", ".join(
             f"{r['size_bytes']}: {r['error_percent']:+.0f} % {r['algorithm']}" for r in t["rows"] if abs(r["error_percent"]) > 100 * WITHIN
         )
@@ -432,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     print("fitting the model of NCCL to the tables (all, then each held out) ...", file=sys.stderr, flush=True)
     tables = load_tables()
     report = evaluate(tables)
-    print("... and to the tables as their publisher ran them (NCCL_ALGO) ...", file=sys.stderr, flush=True)
-    report["as_run"] = evaluate(load_tables(as_run=True))
+    print("... and as if NCCL had chosen freely (NCCL_ALGO ignored) ...", file=sys.stderr, flush=True)
+    report["free_choice"] = evaluate(load_tables(free_choice=True))
     report["against_nccl"] = comparisons(tables)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")

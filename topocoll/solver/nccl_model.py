@@ -14,12 +14,21 @@ schedule can be compared with what NCCL would really do, not with a weaker basel
   capped), LL128 120 bytes per 128;
 * **latency** is NCCL's published base latency per algorithm and protocol plus its per-hop
   latency per link type (NVLink, PCIe, network) times the hops the algorithm takes, all times a
-  *calibrated* factor, and the network's own latency per hop between machines, one for LL and
-  LL128 and one for Simple (twice the first unless known: Simple sends, then flushes);
+  *calibrated* factor (NVLS's in-switch latency its own), and the network's own latency per hop
+  between machines, one for LL and LL128 and one for Simple (twice the first unless known:
+  Simple sends, then flushes);
+* **NVLS's chunks**: NVLS moves a message in chunks that NCCL halves for smaller messages
+  (:func:`nvls_chunk_bytes`), each at a *calibrated* cost beyond its bytes, so its bandwidth
+  grows in steps up to 1 GiB (:class:`NvlsChunks`);
 * **the host's cost per call** (*calibrated*, by GPU generation) overlaps with the device's
   work: nccl-tests, like a training step, issues its calls back to back on a stream and waits
   once, so a call takes the longer of the host's cost and the device's time, not their sum
   (:meth:`NcclEstimate.time_s`).
+
+The model takes NCCL to run the fastest algorithm and protocol (its tuner aims at that; taking
+the one NCCL's own uncalibrated figures rank first put 91 of the tables' 101 sizes within 15 %
+and 84 held out, against 93 and 82). ``NCCL_ALGO`` (:func:`nccl_algorithms`) restricts the choice as it
+restricts NCCL's (:func:`nccl_time`).
 
 The figures marked "NCCL" below are the constants of NCCL's tuning model
 (``src/graph/tuning.cc``, NCCL 2.30); the calibrated ones were fitted to the nccl-tests tables
@@ -112,6 +121,29 @@ PROTOCOL_BW_FACTOR = {Protocol.LL: 0.5, Protocol.LL128: 0.92, Protocol.SIMPLE: 1
 #: across machines (by CPU, Intel's figures: 2 machines, more).
 LL_MAX_BUSBW_ONE_MACHINE = {70: 39.0 * GB, 80: 87.7 * GB, 90: 141.0 * GB, 100: 282.0 * GB}
 LL_MAX_BUSBW_NETWORK = (39.0 * GB, 20.4 * GB)
+#: NCCL: the channels NVLS runs on (``NCCL_NVLS_NCHANNELS``' default, ``src/transport/nvls.cc``);
+#: each serves one head per GPU of the machine, so ``NVLS_CHANNELS * GPUs`` pieces move at once.
+NVLS_CHANNELS = 16
+#: NCCL: NVLS's largest chunk, and the rule that halves it for smaller messages (``enqueue.cc``,
+#: the same from 2.18 to 2.20): below ``factor * ops * chunk`` bytes the chunk becomes ``to``.
+NVLS_MAX_CHUNK_BYTES = 128 * 1024
+NVLS_CHUNK_STEPS = ((64, 64 * 1024), (8, 32 * 1024), (2, 16 * 1024))
+
+
+def nvls_chunk_bytes(size_bytes: float, concurrent_ops: int) -> int:
+    """The chunk NCCL's NVLS cuts a ``size_bytes`` message into, with ``concurrent_ops`` pieces
+    (channel and head pairs) in flight.
+
+    Examples
+    --------
+    >>> [nvls_chunk_bytes(s, 128) >> 10 for s in (1 << 30, (1 << 30) - 1, 64 << 20, 8 << 20, 1 << 20)]
+    [128, 64, 64, 32, 16]
+    """
+    chunk = NVLS_MAX_CHUNK_BYTES
+    for factor, smaller in NVLS_CHUNK_STEPS:
+        if size_bytes < factor * concurrent_ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +169,13 @@ class Calibration:
     latency_scale : float
         Factor on NCCL's published base and per-hop latencies (its tuner's figures, not
         measurements): what the tables show of them on real machines, launch included.
+    nvls_latency_scale : float
+        The same for NVLS's latency inside the switch (NCCL's 25 us), which the tables show
+        nearer its published figure than the rest.
+    nvls_chunk_s : float
+        NVLS's cost per chunk: each piece in flight moves its share of the message in chunks
+        (:func:`nvls_chunk_bytes`), and each chunk costs this beyond its bytes, so NVLS's
+        bandwidth grows in steps with the message as its chunks do.
     """
 
     call_overhead_s: dict[int, float]
@@ -144,6 +183,8 @@ class Calibration:
     nvls_efficiency: float
     network_efficiency: float
     latency_scale: float = 1.0
+    nvls_latency_scale: float = 1.0
+    nvls_chunk_s: float = 0.0
 
     def overhead_s(self, sm: int | None) -> float:
         """The host's cost per call for GPUs of compute capability ``sm`` (the nearest known)."""
@@ -154,11 +195,13 @@ class Calibration:
 
 #: The calibration fitted by ``benchmarks/nccl_tables.py`` (its report gives every residual).
 CALIBRATION = Calibration(
-    call_overhead_s={80: 43.912 * US, 90: 29.905 * US},
-    ring_efficiency=0.725,
-    nvls_efficiency=0.644,
+    call_overhead_s={80: 43.565 * US, 90: 30.370 * US},
+    ring_efficiency=0.736,
+    nvls_efficiency=0.743,
     network_efficiency=0.915,
-    latency_scale=1.993,
+    latency_scale=2.308,
+    nvls_latency_scale=1.219,
+    nvls_chunk_s=6.952 * US,
 )
 
 
@@ -222,6 +265,23 @@ class NcclView:
 
 
 @dataclass(frozen=True, slots=True)
+class NvlsChunks:
+    """NVLS's in-switch transfer: ``concurrent_ops`` pieces in flight (:data:`NVLS_CHANNELS`
+    times the GPUs of a machine), each moving its share of the message in chunks
+    (:func:`nvls_chunk_bytes`) one after another, at ``bw_bytes_per_s`` in all and
+    ``chunk_s`` beyond its bytes per chunk (:attr:`Calibration.nvls_chunk_s`)."""
+
+    bw_bytes_per_s: float
+    chunk_s: float
+    concurrent_ops: int
+
+    def time_s(self, size_bytes: float) -> float:
+        """The in-switch part's time for a message of ``size_bytes``."""
+        chunks = size_bytes / (self.concurrent_ops * nvls_chunk_bytes(size_bytes, self.concurrent_ops))
+        return size_bytes / self.bw_bytes_per_s + chunks * self.chunk_s
+
+
+@dataclass(frozen=True, slots=True)
 class NcclEstimate:
     """One algorithm and protocol of NCCL's, as the model predicts it.
 
@@ -232,8 +292,11 @@ class NcclEstimate:
     latency_s : float
         The device's latency: what a call of no bytes keeps the GPUs busy.
     algbw_bytes_per_s : float
+        The narrowest limit's: what large messages approach, but for NVLS's cost per chunk.
     host_s : float
         The host's cost of issuing the call (:attr:`Calibration.call_overhead_s`).
+    nvls : NvlsChunks or None
+        For NVLS and NVLS-tree: the in-switch part, which pays per chunk.
     """
 
     algorithm: Algorithm
@@ -241,10 +304,16 @@ class NcclEstimate:
     latency_s: float
     algbw_bytes_per_s: float
     host_s: float = 0.0
+    nvls: NvlsChunks | None = None
 
     def device_s(self, size_bytes: float) -> float:
-        """How long the call keeps the GPUs busy: ``latency_s + size_bytes / algbw``."""
-        return self.latency_s + size_bytes / self.algbw_bytes_per_s
+        """How long the call keeps the GPUs busy: ``latency_s + size_bytes / algbw``; with NVLS
+        the in-switch part's time (:meth:`NvlsChunks.time_s`) where it is the longer (it
+        overlaps with the network's, which NVLS-tree pipelines with it)."""
+        transfer_s = size_bytes / self.algbw_bytes_per_s
+        if self.nvls is not None:
+            transfer_s = max(transfer_s, self.nvls.time_s(size_bytes))
+        return self.latency_s + transfer_s
 
     def time_s(self, size_bytes: float) -> float:
         """Predicted time of a call moving ``size_bytes`` (nccl-tests' size), issued behind
@@ -395,6 +464,12 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
     sm = view.sm or 0
     host = calibration.overhead_s(view.sm)
     scale = calibration.latency_scale
+    nvls_scale = calibration.nvls_latency_scale
+    ops = NVLS_CHANNELS * max(1, round(view.ranks_per_machine))  # NVLS: a channel's head per GPU
+
+    def nvls_chunks(bw_bytes_per_s: float) -> NvlsChunks:
+        return NvlsChunks(bw_bytes_per_s, calibration.nvls_chunk_s, ops)
+
     allreduce = collective is Collective.ALLREDUCE
     steps = 2 * (n - 1) if allreduce else n - 1 if collective in (Collective.ALLGATHER, Collective.REDUCE_SCATTER) else n
     net_steps = 0 if machines == 1 else (2 if allreduce else 1) * (machines - 1)
@@ -422,8 +497,9 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         if view.nvls and machines == 1:
             # The switch multicasts (allgather) or reduces (reduce-scatter) each shard: every
             # GPU moves S (n - 1) / n through its NVLinks, as in a ring, with NVLS's efficiency.
-            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
-            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, view.gpu_bw_bytes_per_s * calibration.nvls_efficiency * n / (n - 1), host))
+            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * nvls_scale
+            nvls_bw = view.gpu_bw_bytes_per_s * calibration.nvls_efficiency * n / (n - 1)
+            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_bw, host, nvls_chunks(nvls_bw)))
         if machines == n and sm >= PAT_MIN_SM:
             levels = math.ceil(math.log2(n))
             net = HOP_LATENCY_S["net"][Algorithm.PAT][simple] * scale + view.network_hop_latency_s(Protocol.SIMPLE)
@@ -452,12 +528,13 @@ def nccl_estimates(view: NcclView, collective: Collective, calibration: Calibrat
         # own shard's round trip): algbw <= B / (1 + 1/ppn) inside a machine.
         nvls_algbw = view.gpu_bw_bytes_per_s * calibration.nvls_efficiency / (1 + 1 / ppn)
         if machines == 1:
-            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * scale
-            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw, host))
+            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS][simple] * nvls_scale
+            out.append(NcclEstimate(Algorithm.NVLS, Protocol.SIMPLE, latency, nvls_algbw, host, nvls_chunks(nvls_algbw)))
         else:
             net = HOP_LATENCY_S["net"][Algorithm.NVLS_TREE][simple] * scale + view.network_hop_latency_s(Protocol.SIMPLE)
-            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][simple] * scale + 2 * depth * net
-            out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, min(nvls_algbw, tree_net_algbw), host))
+            latency = HOP_LATENCY_S["nvlink"][Algorithm.NVLS_TREE][simple] * nvls_scale + 2 * depth * net
+            algbw = min(nvls_algbw, tree_net_algbw)
+            out.append(NcclEstimate(Algorithm.NVLS_TREE, Protocol.SIMPLE, latency, algbw, host, nvls_chunks(nvls_algbw)))
     return tuple(out)
 
 
@@ -544,7 +621,7 @@ class NcclNative:
     >>> h100 = build_preset("dgx-h100")
     >>> nccl = NcclNative(nccl_view(h100, h100.compute_nodes()))
     >>> round(nccl.time_s(Collective.ALLREDUCE, 1 << 30) * 1e3, 1)  # ms, NVLS; Azure's NDv5 table: 4.0 (466 GB/s busbw)
-    4.2
+    4.1
     """
 
     view: NcclView
