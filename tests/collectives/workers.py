@@ -255,6 +255,17 @@ def special_cases(checker: Checker, rank: int, n: int, topo, gloo) -> None:
     dist.all_gather_into_tensor(big, x, group=topo)
     dist.all_gather(ref, x, group=gloo)
     checker.expect(torch.equal(big, torch.cat(ref)), "all_gather_into_tensor 2-d")
+    # in place: the input is this rank's shard of the output, as FSDP passes it
+    big = torch.zeros(3 * n, 4, dtype=torch.int32)
+    big[3 * rank : 3 * (rank + 1)].copy_(x)
+    dist.all_gather_into_tensor(big, big[3 * rank : 3 * (rank + 1)], group=topo)
+    checker.expect(torch.equal(big, torch.cat(ref)), "all_gather_into_tensor in place")
+    # the input inside the output, but in the next rank's shard
+    big = torch.zeros(3 * n, 4, dtype=torch.int32)
+    elsewhere = big[3 * ((rank + 1) % n) : 3 * ((rank + 1) % n + 1)]
+    elsewhere.copy_(x)
+    dist.all_gather_into_tensor(big, elsewhere, group=topo)
+    checker.expect(torch.equal(big, torch.cat(ref)), "all_gather_into_tensor from another shard of its output")
     # async op: wait and future
     x = make_input(rank, torch.float32, 1000, 4)
     ours, theirs = x.clone(), x.clone()

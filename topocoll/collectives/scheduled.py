@@ -19,6 +19,8 @@ from topocoll.collectives.tensor_views import (
     bytes_view,
     copy_bytes_into,
     is_packed,
+    is_same_memory,
+    overlaps,
     packed_copy,
     raw_bytes,
     same_numel_error,
@@ -171,8 +173,20 @@ class ScheduledCollectives:
         if error is None:
             error = base_shape_error(output, tensor, self._group_size)
         self._agree("allgather_into_tensor", tensor.numel(), tensor.dtype, -1, 0, error)
-        gathered = self._gather_into_new(tensor)
-        output.copy_(gathered.view(output.shape))
+        m = tensor.numel()
+        flat = output.view(-1) if is_packed(output) else None
+        mine = flat[self._group_rank * m : (self._group_rank + 1) * m] if flat is not None else None
+        if mine is None or (overlaps(tensor, output) and not is_same_memory(tensor, mine)):
+            # a strided output, or an input inside it elsewhere than this rank's shard
+            gathered = self._gather_into_new(tensor)
+            output.copy_(gathered.view(output.shape))
+            return
+        # straight into the output, with no buffer of the whole size to allocate and copy back:
+        # on a 2-core host that took 56-101 ms at 64 MiB, about the 120 ms by which gloo's own
+        # allgather run through the group trailed gloo's on an emulated 4-host cluster
+        if not is_same_memory(tensor, mine):
+            mine.copy_(tensor.reshape(-1))
+        self._run(Collective.ALLGATHER, bytes_view(flat), None, None)
 
     def _gather_into_new(self, tensor: torch.Tensor) -> torch.Tensor:
         m = tensor.numel()

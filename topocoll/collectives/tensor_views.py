@@ -43,6 +43,29 @@ def is_packed(tensor: torch.Tensor) -> bool:
     return tensor.is_contiguous() and (tensor.numel() > 1 or all(s == 1 for s in tensor.stride()))
 
 
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of ``a`` and ``b`` (first to last element) intersect."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a_end, b_end = a.data_ptr() + _span_bytes(a), b.data_ptr() + _span_bytes(b)
+    return a.data_ptr() < b_end and b.data_ptr() < a_end
+
+
+def _span_bytes(tensor: torch.Tensor) -> int:
+    return (sum((n - 1) * stride for n, stride in zip(tensor.shape, tensor.stride())) + 1) * tensor.element_size()
+
+
+def is_same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same packed elements of the same dtype (an in-place
+    argument: copying one into the other would change nothing)."""
+    return (
+        a.device == b.device and a.dtype == b.dtype and a.numel() == b.numel()
+        and a.data_ptr() == b.data_ptr() and is_packed(a) and is_packed(b)
+    )
+
+
 def packed_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` with packed, unit-stride storage."""
     packed = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
