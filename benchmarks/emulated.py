@@ -28,6 +28,7 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -279,6 +280,9 @@ def main() -> int:
                         help="measure nothing: predict every row of OUT/<scenario>.json again from the probed topology it keeps")
     parser.add_argument("-o", "--out", default=str(REPO / "benchmarks" / "results" / "emulated"), help="results folder")
     args = parser.parse_args()
+    # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C, so that the cluster comes down: by
+    # default Python dies on it at once, leaving namespaces and ranks behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.resimulate:
