@@ -27,8 +27,8 @@ schedule can be compared with what NCCL would really do, not with a weaker basel
 
 The model takes NCCL to run the fastest algorithm and protocol (its tuner aims at that; taking
 the one NCCL's own uncalibrated figures rank first put 91 of the tables' 101 sizes within 15 %
-and 84 held out, against 93 and 82). ``NCCL_ALGO`` (:func:`nccl_algorithms`) restricts the choice as it
-restricts NCCL's (:func:`nccl_time`).
+and 84 held out, against 93 and 82). ``NCCL_ALGO`` (:func:`nccl_algorithms`) restricts the
+choice as it restricts NCCL's (:func:`nccl_time`).
 
 The figures marked "NCCL" below are the constants of NCCL's tuning model
 (``src/graph/tuning.cc``, NCCL 2.30); the calibrated ones were fitted to the nccl-tests tables
